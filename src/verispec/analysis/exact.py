@@ -1,0 +1,91 @@
+"""Exact one-step analysis of any verification rule: no sampling, float64 throughout.
+
+The output of one verification step is the accept path q(x) h(x) plus the reject path
+(sum_v q(v) (1 - h(v))) r(x) (tutorial section 4; Appendix A of the lossy-verification paper).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..processors import renormalize_on
+from ..rules import Rule, get
+from ..rules.collaborative import lenience_delta
+
+__all__ = [
+    "acceptance_probability",
+    "as_dist",
+    "cos_we_closed_form",
+    "induced_distribution",
+    "kl",
+    "lenience_closed_form",
+    "truncation_closed_form",
+    "tv",
+]
+
+
+def as_dist(x: object) -> torch.Tensor:
+    """A float64 tensor from a list/array/tensor."""
+    return torch.as_tensor(x, dtype=torch.float64)
+
+
+def _rule(rule: Rule | str) -> Rule:
+    return get(rule) if isinstance(rule, str) else rule
+
+
+def induced_distribution(rule: Rule | str, p: object, q: object) -> torch.Tensor:
+    """The exact distribution emitted at one drafted position: q h + (sum q (1 - h)) r, in float64.
+
+    Generic: it uses only the rule's ``acceptance`` and ``correction``; batched over leading dims.
+    """
+    rule, p, q = _rule(rule), as_dist(p), as_dist(q)
+    h = rule.acceptance(p, q)
+    r = rule.correction(p, q)
+    reject = (q * (1 - h)).sum(-1, keepdim=True)
+    return q * h + reject * r
+
+
+def acceptance_probability(rule: Rule | str, p: object, q: object) -> torch.Tensor:
+    """Probability that a token drawn from q is accepted: sum_x q(x) h(x). For lossless it is 1 - TV(p, q)."""
+    rule, p, q = _rule(rule), as_dist(p), as_dist(q)
+    return (q * rule.acceptance(p, q)).sum(-1)
+
+
+def tv(a: object, b: object) -> torch.Tensor:
+    """Total variation distance 1/2 sum |a - b|."""
+    return 0.5 * (as_dist(a) - as_dist(b)).abs().sum(-1)
+
+
+def kl(a: object, b: object) -> torch.Tensor:
+    """KL(a || b) in nats, with 0 log 0 = 0; +inf when a puts mass where b has none."""
+    a, b = as_dist(a), as_dist(b)
+    pos = a > 0
+    ratio = torch.where(pos, a / torch.where(b > 0, b, torch.ones_like(b)), torch.ones_like(a))
+    terms = torch.where(pos, a * ratio.log(), torch.zeros_like(a))
+    terms = torch.where(pos & (b <= 0), torch.full_like(a, float("inf")), terms)
+    return terms.sum(-1)
+
+
+def cos_we_closed_form(p: object, q: object, lam: float) -> torch.Tensor:
+    """Eq. 8: CoS (weighted ensemble) generates lam p + (1 - lam) q."""
+    return lam * as_dist(p) + (1 - lam) * as_dist(q)
+
+
+def lenience_closed_form(p: object, q: object, l: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 10-11: lenience generates Delta p + (1 - Delta) q where q <= p, q where p < q <= p/l, p/l where
+    q >= p/l. Returns (distribution, Delta), Delta from the TV form of Eq. 11 (Eq. 25)."""
+    p, q = as_dist(p), as_dist(q)
+    num = 0.5 * (q - p / l).abs().sum(-1, keepdim=True) + 0.5 - 0.5 / l
+    den = 0.5 * (q - p).abs().sum(-1, keepdim=True)
+    delta = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
+    out = torch.where(q <= p, delta * p + (1 - delta) * q, torch.where(q <= p / l, q, p / l))
+    return out, delta.squeeze(-1)
+
+
+def truncation_closed_form(q: object, allowed: torch.Tensor) -> torch.Tensor:
+    """Eq. 13: truncation-based verification generates q / Z_Theta(q) on A_Theta, 0 elsewhere."""
+    return renormalize_on(as_dist(q), allowed)
+
+
+# Re-exported for callers that want Delta of Eq. 11 in its ratio form (Eq. 15).
+lenience_delta_ratio = lenience_delta

@@ -1,0 +1,214 @@
+"""Sampling processors: logits -> the distribution actually sampled.
+
+These define what "p" and "q" mean everywhere in verispec (tutorial section 2.1): the distributions
+*after* temperature, truncation and penalties. The same :class:`SamplingConfig` is applied to the target
+and to the draft, so that verification uses the pair that sampling used.
+
+Fixed order (documented, the same as Hugging Face's processors then warpers):
+
+1. history penalties on logits: repetition (multiplicative, CTRL style), frequency, presence;
+2. temperature (``0`` means greedy: the distribution is one-hot on the argmax);
+3. top-k, 4. top-p (nucleus), 5. min-p (Eq. 5 of the lossy-verification paper),
+6. eta (Eq. 6 of the lossy-verification paper).
+
+Every truncation keeps at least the most probable token and renormalizes. All functions are pure and
+batched over any leading dimensions, with the vocabulary last; none loops over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+__all__ = [
+    "SamplingConfig",
+    "apply_penalties",
+    "entropy",
+    "eta_mask",
+    "eta_threshold",
+    "minp_mask",
+    "probs_from_logits",
+    "process",
+    "renormalize_on",
+    "top_k_mask",
+    "top_p_mask",
+]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Parameters of the sampling distribution; identical for target and draft.
+
+    ``temperature=0`` selects greedy decoding. ``min_p`` is ``p_base`` of Eq. 5; ``eta`` is the epsilon
+    of Eq. 6 with ``eta_delta`` its delta (``None``: delta = epsilon, as in Eq. 28).
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    eta: float | None = None
+    eta_delta: float | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p (p_base) must be in [0, 1], got {self.min_p}")
+        if self.eta is not None and not self.eta > 0:
+            raise ValueError(f"eta (epsilon) must be > 0, got {self.eta}")
+        if self.eta_delta is not None and not self.eta_delta > 0:
+            raise ValueError(f"eta_delta must be > 0, got {self.eta_delta}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_history(self) -> bool:
+        """True when the distribution depends on the token history (penalties)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    def with_(self, **changes: object) -> SamplingConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Apply history penalties given per-token occurrence ``counts`` (same shape as ``logits``).
+
+    Repetition penalty as in CTRL / Hugging Face: a seen token's logit is divided by the penalty when
+    positive and multiplied when negative. Frequency and presence penalties as in the OpenAI API:
+    ``logit -= frequency * count + presence * [count > 0]``.
+    """
+    if not cfg.uses_history:
+        return logits
+    seen = counts > 0
+    out = logits
+    if cfg.repetition_penalty != 1.0:
+        pen = torch.where(out > 0, out / cfg.repetition_penalty, out * cfg.repetition_penalty)
+        out = torch.where(seen, pen, out)
+    if cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0:
+        out = out - cfg.frequency_penalty * counts.to(out.dtype) - cfg.presence_penalty * seen.to(out.dtype)
+    return out
+
+
+def renormalize_on(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Restrict ``probs`` to the boolean set ``keep`` and renormalize (Eq. 4 of the paper)."""
+    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def _keep_argmax(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    top = torch.zeros_like(keep)
+    top.scatter_(-1, probs.argmax(-1, keepdim=True), True)
+    return keep | top
+
+
+def top_k_mask(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Allowed set of top-k: tokens whose probability is at least the k-th largest (ties kept)."""
+    k = min(k, probs.shape[-1])
+    kth = probs.topk(k, dim=-1).values[..., -1:]
+    return probs >= kth
+
+
+def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Allowed set of nucleus sampling: the smallest prefix of tokens sorted by probability with mass >= top_p.
+
+    A token is kept when the mass strictly before it (in descending order) is below ``top_p``.
+    """
+    sorted_p, idx = probs.sort(-1, descending=True)
+    before = sorted_p.cumsum(-1) - sorted_p
+    keep_sorted = before < top_p
+    keep = torch.zeros_like(keep_sorted)
+    keep.scatter_(-1, idx, keep_sorted)
+    return _keep_argmax(probs, keep)
+
+
+def minp_mask(probs: torch.Tensor, p_base: float) -> torch.Tensor:
+    """Allowed set of min-p sampling, Eq. 5: {x : p(x) >= p_base * max_v p(v)}."""
+    return probs >= p_base * probs.amax(-1, keepdim=True)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats, H(p) = -sum p log p, with 0 log 0 = 0."""
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return -(probs * logp).sum(-1)
+
+
+def eta_threshold(probs: torch.Tensor, epsilon: float, delta: float | None = None) -> torch.Tensor:
+    """Threshold of eta-sampling, Eq. 6: min(epsilon, delta * exp(-H(p))); delta defaults to epsilon."""
+    delta = epsilon if delta is None else delta
+    thr = torch.clamp(delta * torch.exp(-entropy(probs)), max=epsilon)
+    return thr.unsqueeze(-1)
+
+
+def eta_mask(probs: torch.Tensor, epsilon: float, delta: float | None = None) -> torch.Tensor:
+    """Allowed set of eta-sampling, Eq. 6, always keeping the argmax so the set is never empty."""
+    return _keep_argmax(probs, probs >= eta_threshold(probs, epsilon, delta))
+
+
+def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Temperature + truncations on already-penalized logits -> normalized probabilities in ``dtype``.
+
+    Greedy (temperature 0) gives the one-hot distribution on the argmax (first index on ties), which is what
+    greedy decoding samples from.
+    """
+    if torch.isnan(logits).any():
+        raise ValueError("NaN in logits: the model produced an invalid distribution")
+    logits = logits.to(dtype)
+    if cfg.greedy:
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    probs = torch.softmax(logits / cfg.temperature, dim=-1)
+    if cfg.top_k is not None:
+        probs = renormalize_on(probs, top_k_mask(probs, cfg.top_k))
+    if cfg.top_p is not None and cfg.top_p < 1:
+        probs = renormalize_on(probs, top_p_mask(probs, cfg.top_p))
+    if cfg.min_p is not None and cfg.min_p > 0:
+        probs = renormalize_on(probs, minp_mask(probs, cfg.min_p))
+    if cfg.eta is not None:
+        probs = renormalize_on(probs, eta_mask(probs, cfg.eta, cfg.eta_delta))
+    return probs
+
+
+def process(
+    logits: torch.Tensor,
+    cfg: SamplingConfig,
+    counts: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """The full pipeline: penalties (with ``counts`` of the history of each row), then :func:`probs_from_logits`."""
+    if counts is not None:
+        logits = apply_penalties(logits, counts, cfg)
+    return probs_from_logits(logits, cfg, dtype)
+
+
+def history_counts(base_counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Occurrence counts for each candidate prefix of a draft block.
+
+    ``base_counts`` [V] counts the committed history; ``tokens`` [n] are drafted tokens. Row i of the
+    result [n + 1, V] counts the history ``committed + tokens[:i]``, which is what position i of the block
+    conditions on. A loop over the block (not the vocabulary): n is the draft length.
+    """
+    n = int(tokens.shape[0])
+    out = base_counts.unsqueeze(0).repeat(n + 1, 1)
+    if n:
+        inc = torch.zeros(n + 1, base_counts.shape[-1], dtype=base_counts.dtype, device=base_counts.device)
+        rows = torch.arange(1, n + 1, device=tokens.device)
+        inc[rows, tokens] = 1
+        out += inc.cumsum(0)
+    return out
+
+
+__all__ += ["history_counts"]

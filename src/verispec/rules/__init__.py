@@ -1,0 +1,116 @@
+"""Registry of verification rules: ``get(name, **params)``.
+
+Parameter names follow the papers: ``l`` (lenience), ``lam`` (lambda; ``lambda`` is accepted too),
+``p_base`` (min-p), ``epsilon`` and ``delta`` (eta), and ``correction`` ("draft" or "target") for the
+truncation-based rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .base import ReferenceRule, Rule
+from .collaborative import AdaptiveInterpolation, CosCD, CosWE, Lenience, MinPCap, OvershootCeiling
+from .lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
+from .truncation import SpecCascade, TruncationRule, Typical
+
+__all__ = [
+    "REGISTRY",
+    "ReferenceRule",
+    "Rule",
+    "TruncationRule",
+    "get",
+    "matched_baseline",
+    "names",
+    "parse_params",
+    "table",
+]
+
+REGISTRY: dict[str, type[Rule]] = {
+    cls.name: cls
+    for cls in (
+        Lossless,
+        NaiveResample,
+        MinPSampling,
+        EtaSampling,
+        Lenience,
+        CosWE,
+        CosCD,
+        OvershootCeiling,
+        AdaptiveInterpolation,
+        MinPCap,
+        SpecCascade,
+        Typical,
+    )
+}
+
+_ALIASES = {"lambda": "lam", "correction": "correction_source", "eps": "epsilon"}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str, **params: object) -> Rule:
+    """Build the rule registered as ``name`` with ``params`` (validated; unknown names raise ValueError)."""
+    if isinstance(name, Rule):
+        return name
+    try:
+        cls = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown rule {name!r}; known rules: {', '.join(REGISTRY)}") from None
+    kwargs = {_ALIASES.get(k, k): v for k, v in params.items()}
+    unknown = set(kwargs) - set(cls.param_names)
+    if unknown:
+        allowed = ", ".join(cls.param_names) or "none"
+        raise ValueError(f"rule {name!r} has no parameter(s) {', '.join(sorted(unknown))}; it takes: {allowed}")
+    return cls(**kwargs)
+
+
+def _coerce(value: str) -> object:
+    low = value.strip().lower()
+    if low in ("none", "null"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value.strip()
+
+
+def parse_params(items: Iterable[str]) -> dict[str, object]:
+    """Parse ``["l=0.5", "lambda=0.2"]`` (command-line form) into keyword arguments."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"parameter {item!r} is not of the form name=value")
+        out[key.strip()] = _coerce(value)
+    return out
+
+
+def matched_baseline(rule: Rule) -> Rule:
+    """The distribution-matched baseline of section 5: the lossless rule on the same truncated target.
+
+    SpecCascade -> min-p sampling (same p_base); typical -> eta-sampling (same epsilon, delta); every other
+    rule -> plain lossless SD.
+    """
+    if isinstance(rule, SpecCascade):
+        return MinPSampling(p_base=rule.p_base)
+    if isinstance(rule, Typical):
+        return EtaSampling(epsilon=rule.epsilon, delta=rule.delta)
+    if isinstance(rule, MinPSampling | EtaSampling):
+        return rule
+    return Lossless()
+
+
+def table() -> list[dict[str, str]]:
+    """One row per rule for documentation: name, parameters, equation, lossless or not."""
+    return [
+        {
+            "name": cls.name,
+            "params": ", ".join(p for p in cls.param_names) or "-",
+            "equation": cls.equation,
+            "lossless": "yes" if cls.lossless else "no",
+        }
+        for cls in REGISTRY.values()
+    ]

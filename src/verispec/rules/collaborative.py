@@ -1,0 +1,172 @@
+"""Collaborative verification (section 3.1 and 4 of the lossy-verification paper): the output distribution
+interpolates between the draft q and the target p. All of these are lossy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..processors import minp_mask
+from .base import ReferenceRule, Rule, positive_residual, ratio_acceptance
+from .validate import check_l, check_lam, check_p_base
+
+__all__ = [
+    "AdaptiveInterpolation",
+    "CosCD",
+    "CosWE",
+    "Lenience",
+    "MinPCap",
+    "OvershootCeiling",
+    "lenience_delta",
+]
+
+
+def lenience_delta(p: torch.Tensor, q: torch.Tensor, l: float) -> torch.Tensor:
+    """Delta of Eq. 11 / Eq. 15: sum(q - min(q, p/l)) / sum(q - min(q, p)), with keepdim.
+
+    Where p = q the denominator is 0; Delta is then irrelevant (it multiplies [p - q]+ = 0) and set to 0.
+    """
+    num = (q - torch.minimum(q, p / l)).sum(-1, keepdim=True)
+    den = (q - torch.minimum(q, p)).sum(-1, keepdim=True)
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
+
+
+@dataclass(frozen=True)
+class Lenience(Rule):
+    """Lenience relaxation (Leviathan et al.): h = min(1, p / (l q)) (Eq. 9), residual norm([p - q]+)
+    (Appendix A). Induces min(q, p/l) + Delta [p - q]+ (Eq. 10-11)."""
+
+    l: float = 0.5
+    name: ClassVar[str] = "lenience"
+    equation: ClassVar[str] = "Eq. 9-11, App. A"
+    param_names: ClassVar[tuple[str, ...]] = ("l",)
+
+    def __post_init__(self) -> None:
+        check_l(self.l)
+
+    def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return ratio_acceptance(p / self.l, q)
+
+    def correction(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return positive_residual(torch.clamp(p - q, min=0), p)
+
+
+@dataclass(frozen=True)
+class CosWE(ReferenceRule):
+    """CoS, weighted-ensemble variant: reference pi = lam p + (1 - lam) q (Eq. 2), h = min(1, pi/q) (Eq. 7),
+    r = norm([pi - q]+) = norm([p - q]+). Induces the mixture pi exactly (Eq. 8)."""
+
+    lam: float = 0.5
+    name: ClassVar[str] = "cos-we"
+    equation: ClassVar[str] = "Eq. 2, 7, 8"
+    param_names: ClassVar[tuple[str, ...]] = ("lam",)
+
+    def __post_init__(self) -> None:
+        check_lam(self.lam)
+
+    def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return self.lam * p + (1 - self.lam) * q
+
+
+@dataclass(frozen=True)
+class CosCD(ReferenceRule):
+    """CoS, contrastive variant: reference pi proportional to p / q^lam (Eq. 3), h = min(1, pi/q),
+    r = norm([pi - q]+); induces pi exactly (pi is normalized).
+
+    q = 0: a token the draft gives no mass has an infinite contrastive factor. We floor q at ``q_floor``
+    (default 1e-6) inside the factor only, so pi stays finite and well defined; with a one-hot (token-only)
+    draft this makes pi close to p with the drafted token down-weighted.
+    """
+
+    lam: float = 0.5
+    q_floor: float = 1e-6
+    name: ClassVar[str] = "cos-cd"
+    equation: ClassVar[str] = "Eq. 3, 7"
+    param_names: ClassVar[tuple[str, ...]] = ("lam", "q_floor")
+
+    def __post_init__(self) -> None:
+        check_lam(self.lam)
+        if not 0 < self.q_floor < 1:
+            raise ValueError(f"q_floor must be in (0, 1), got {self.q_floor}")
+
+    def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        w = p * torch.clamp(q, min=self.q_floor).pow(-self.lam)
+        return w / w.sum(-1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class OvershootCeiling(ReferenceRule):
+    """Ablation of section 4 ("overshoot ceiling"): P = lam p + (1 - lam) q where q <= p/lam, else p/lam.
+
+    P is not normalized in general, so the rule is h = min(1, P/q), r = norm([P - q]+); the analysis reports
+    what it really induces.
+    """
+
+    lam: float = 0.5
+    name: ClassVar[str] = "overshoot-ceiling"
+    equation: ClassVar[str] = "Sec. 4 (ceiling variant), Table 1"
+    param_names: ClassVar[tuple[str, ...]] = ("lam",)
+
+    def __post_init__(self) -> None:
+        check_lam(self.lam)
+        if self.lam == 0:
+            raise ValueError("lam must be > 0 for overshoot-ceiling (the ceiling is p/lam)")
+
+    def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        ceiling = p / self.lam
+        return torch.where(q <= ceiling, self.lam * p + (1 - self.lam) * q, ceiling)
+
+
+@dataclass(frozen=True)
+class AdaptiveInterpolation(ReferenceRule):
+    """Ablation of section 4 ("adaptive interpolation"): P = q + Delta (p - q) where q <= p, with Delta of
+    Eq. 11 computed with l = lam, and the CoS mixture lam p + (1 - lam) q where q > p.
+
+    Not normalized in general: h = min(1, P/q), r = norm([P - q]+) (falling back to norm([p - q]+) when
+    Delta = 0); the analysis reports what it really induces.
+    """
+
+    lam: float = 0.5
+    name: ClassVar[str] = "adaptive-interpolation"
+    equation: ClassVar[str] = "Sec. 4 (adaptive variant), Eq. 11, Table 1"
+    param_names: ClassVar[tuple[str, ...]] = ("lam",)
+
+    def __post_init__(self) -> None:
+        check_lam(self.lam)
+        if self.lam == 0:
+            raise ValueError("lam must be > 0 for adaptive-interpolation (Delta divides by lam)")
+
+    def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        delta = lenience_delta(p, q, self.lam)
+        return torch.where(q <= p, q + delta * (p - q), self.lam * p + (1 - self.lam) * q)
+
+
+@dataclass(frozen=True)
+class MinPCap(Rule):
+    """Min-p-gated overshoot cap (Appendix E, Table 6 last row): tokens in the min-p set A of p are yielded
+    with probability q, tokens outside with min(q, p/l).
+
+    Implemented as h = 1 on A and min(1, p/(l q)) outside A, so the accept path is exactly that yield. Here
+    P <= q everywhere, so [P - q]+ has no mass: the rejected mass goes to the lenience residual
+    norm([p - q]+) (Appendix A), as in the lenience rule this one modifies.
+    """
+
+    p_base: float = 0.5
+    l: float = 0.5
+    name: ClassVar[str] = "minp-cap"
+    equation: ClassVar[str] = "App. E, Table 6 (last row)"
+    param_names: ClassVar[tuple[str, ...]] = ("p_base", "l")
+
+    def __post_init__(self) -> None:
+        check_p_base(self.p_base)
+        check_l(self.l)
+
+    def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        inside = minp_mask(p, self.p_base)
+        return torch.where(inside, torch.ones_like(p), ratio_acceptance(p / self.l, q))
+
+    def correction(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return positive_residual(torch.clamp(p - q, min=0), p)
+
