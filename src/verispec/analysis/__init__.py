@@ -10,6 +10,7 @@ from .exact import (
     truncation_closed_form,
     tv,
 )
+from .sequence import sequence_distribution
 from .truncation import Lemma1, allowed_set, kl_eagle, kl_sd, lemma1
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "kl_eagle",
     "kl_sd",
     "lemma1",
+    "sequence_distribution",
     "lenience_closed_form",
     "truncation_closed_form",
     "tv",

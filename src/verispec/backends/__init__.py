@@ -1,0 +1,1 @@
+"""Model execution backends: score a block against a KV cache, roll back."""

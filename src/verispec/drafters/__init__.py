@@ -1,0 +1,7 @@
+"""Drafters: each proposes candidate tokens and returns the exact q they were drawn from (or None)."""
+
+from .base import Draft, DraftContext, Drafter
+from .model import ModelDrafter
+from .ngram import NgramDrafter, ngram_lookup
+
+__all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "NgramDrafter", "ngram_lookup"]
