@@ -1,0 +1,37 @@
+"""Tiny random causal LMs built from a config (no download): for tests, examples and quick benchmarks."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+__all__ = ["tiny_qwen"]
+
+
+def tiny_qwen(
+    seed: int,
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    logit_scale: float = 1.0,
+    max_context: int = 512,
+    dtype: torch.dtype = torch.float32,
+) -> Qwen2ForCausalLM:
+    """A randomly initialized Qwen2 model; ``logit_scale`` multiplies the output head to sharpen its
+    next-token distributions (random init is otherwise close to uniform)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_context,
+        tie_word_embeddings=False,
+        torch_dtype=dtype,
+    )
+    model = Qwen2ForCausalLM(cfg).to(dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model

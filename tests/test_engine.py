@@ -1,0 +1,274 @@
+"""The decoding loop on tiny random Qwen2 models (fp32, built from a config): greedy equality, exact
+sampling distributions, cache exactness, stop conditions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from verispec.analysis import sequence_distribution
+from verispec.backends.hf import HFBackend
+from verispec.drafters import ModelDrafter, NgramDrafter
+from verispec.engine import SpeculativeEngine
+from verispec.processors import SamplingConfig, history_counts, process
+from verispec.rules import get
+from verispec.testing import tiny_qwen
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_qwen(1, vocab_size=64), tiny_qwen(2, vocab_size=64)
+
+
+def reference_greedy(model, ids, n):
+    """The target's own greedy decode, by plain full forwards (no cache)."""
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids) :]
+
+
+def test_greedy_equals_target_greedy(pair):
+    target, draft = pair
+    engines = {
+        "model": SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft))),
+        "self": SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(target))),
+        "ngram": SpeculativeEngine(HFBackend(target), NgramDrafter()),
+        "none": SpeculativeEngine(HFBackend(target), None),
+    }
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(8):
+        # repetitive prompts give the n-gram drafter real matches
+        base = torch.randint(0, 64, (4,), generator=gen).tolist()
+        prompt = base * 3 if trial % 2 else torch.randint(0, 64, (9,), generator=gen).tolist()
+        ref = reference_greedy(target, prompt, 24)
+        for name, eng in engines.items():
+            for gamma in (1, 2, 4, 7):
+                out = eng.generate(prompt, sampling=GREEDY, gamma=gamma, max_new_tokens=24)
+                assert out.token_ids == ref, (name, trial, gamma)
+                assert out.metrics.new_tokens == 24 and out.finish_reason == "length"
+
+
+def test_self_draft_accepts_everything(pair):
+    """Guards against vacuous passes: with draft = target, greedy drafting must accept every drafted token."""
+    target, _ = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(target)))
+    out = eng.generate([1, 2, 3, 4], sampling=GREEDY, gamma=4, max_new_tokens=26)
+    m = out.metrics
+    assert m.drafted > 0 and m.accepted == m.drafted
+    # 5 full rounds of 4 accepted + bonus (25 tokens), then one round capped to gamma 0 for the last token
+    assert (m.rounds, m.accepted, m.drafted) == (6, 20, 20)
+    assert m.block_efficiency == pytest.approx(20 / 6)
+
+
+def test_ngram_drafter_accepts_on_repeats(pair):
+    target, _ = pair
+    prompt = reference_greedy(target, [5, 6, 7], 30)
+    prompt = [5, 6, 7] + prompt
+    eng = SpeculativeEngine(HFBackend(target), NgramDrafter())
+    # continuing a greedy trajectory that already cycles: lookups must hit and be accepted at least once
+    out = eng.generate(prompt, sampling=GREEDY, gamma=4, max_new_tokens=20)
+    assert out.token_ids == reference_greedy(target, prompt, 20)
+    assert out.metrics.drafted > 0
+
+
+# -- exact sequence distributions ------------------------------------------------------------------------
+V_SMALL = 5
+N_SEQ = 4000  # continuations sampled per configuration
+ALPHA = 1e-4
+
+
+def _dist_fns(target, draft, cfg):
+    def make(model):
+        cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+        def fn(prefix):
+            if prefix not in cache:
+                with torch.no_grad():
+                    logits = model(torch.tensor([list(prefix)])).logits[0, -1]
+                counts = history_counts(torch.zeros(V_SMALL, dtype=torch.long), torch.tensor(prefix))[-1]
+                cache[prefix] = process(logits, cfg, counts)
+            return cache[prefix]
+
+        return fn
+
+    return make(target), make(draft)
+
+
+def _chi2_sequences(eng, rule, cfg, exact, prompt, gamma, length):
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in range(N_SEQ):
+        out = eng.generate(prompt, rule=rule, sampling=cfg, gamma=gamma, max_new_tokens=length, seed=seed)
+        key = tuple(out.token_ids)
+        assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
+        counts[key] = counts.get(key, 0) + 1
+    keys = sorted(exact, key=lambda k: -exact[k])
+    expected = np.array([exact[k] * N_SEQ for k in keys])
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    # pool the bins with expected count < 5 into one
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    stat, pvalue = chisquare(observed, expected * observed.sum() / expected.sum())
+    return pvalue
+
+
+@pytest.mark.parametrize(
+    "rule, cfg, gamma, length",
+    [
+        ("lossless", SamplingConfig(temperature=1.0), 2, 3),
+        ("lossless", SamplingConfig(temperature=0.8, top_p=0.8), 2, 3),
+        ("lossless", SamplingConfig(temperature=1.0, repetition_penalty=1.8), 3, 3),
+        (get("lenience", l=0.3), SamplingConfig(temperature=1.0), 2, 3),
+        (get("spec-cascade", p_base=0.2), SamplingConfig(temperature=1.0), 2, 2),
+    ],
+)
+def test_sampled_continuations_match_exact_distribution(rule, cfg, gamma, length):
+    """Chi-square goodness of fit, N = 4000 continuations, alpha = 1e-4, bins with expected < 5 pooled.
+
+    The exact law is the target's own sequence distribution for lossless (checked too), and the rule's exact
+    composition over positions (``sequence_distribution``) for a lossy rule."""
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    rule = get(rule) if isinstance(rule, str) else rule
+    p_fn, q_fn = _dist_fns(target, draft, cfg)
+    prompt = (1, 3, 2)
+    exact = sequence_distribution(rule, p_fn, q_fn, gamma, length, prompt)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-12)
+    if rule.lossless:
+        plain = sequence_distribution(rule, p_fn, None, gamma, length, prompt)
+        assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-12
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    pvalue = _chi2_sequences(eng, rule, cfg, exact, list(prompt), gamma, length)
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
+def test_lossy_composition_differs_from_target():
+    """The lossy law the previous test checks is really different from the target's (not a vacuous pass)."""
+    cfg = SamplingConfig(temperature=1.0)
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    p_fn, q_fn = _dist_fns(target, draft, cfg)
+    lossy = sequence_distribution(get("lenience", l=0.3), p_fn, q_fn, 2, 3, (1, 3, 2))
+    plain = sequence_distribution("lossless", p_fn, None, 2, 3, (1, 3, 2))
+    tv = 0.5 * sum(abs(lossy.get(k, 0) - plain.get(k, 0)) for k in set(lossy) | set(plain))
+    assert tv > 0.02
+
+
+# -- cache exactness -------------------------------------------------------------------------------------
+def test_cache_after_accepts_and_rejects_matches_fresh_forward(pair):
+    """After every round the target's and draft's cached next-token logits equal a fresh full forward over the
+    committed history (max abs difference < 1e-4 in fp32)."""
+    target, draft = pair
+    t_b, d_b = HFBackend(target), HFBackend(draft)
+    eng = SpeculativeEngine(t_b, ModelDrafter(d_b))
+    cfg = SamplingConfig(temperature=1.0)
+    rejections = 0
+    for seed in range(6):
+        out = eng.generate([3, 1, 4, 1, 5], sampling=cfg, gamma=5, max_new_tokens=17, seed=seed)
+        committed = [3, 1, 4, 1, 5] + out.token_ids
+        rejections += out.metrics.drafted - out.metrics.accepted
+        with torch.no_grad():
+            for backend, model in ((t_b, target), (d_b, model_for(d_b))):
+                feed = backend.sync(committed)
+                assert backend.tokens == committed[: len(committed) - len(feed)]
+                cached = backend.extend(feed, 1)[0]
+                fresh = model(torch.tensor([committed])).logits[0, -1]
+                assert (cached - fresh).abs().max() < 1e-4
+    assert rejections > 0  # the rollback path was exercised
+
+
+def model_for(backend):
+    return backend.model
+
+
+# -- stops -----------------------------------------------------------------------------------------------
+class _ToyTokenizer:
+    """Decodes token i as the letter chr(97 + i % 26)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_eos_inside_accepted_block_ends_output(pair):
+    target, _ = pair
+    ref = reference_greedy(target, [1, 2, 3], 20)
+    eos = ref[7]
+    first = ref.index(eos)
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(target)), eos_token_ids=[eos, 999])
+    out = eng.generate([1, 2, 3], sampling=GREEDY, gamma=6, max_new_tokens=20)
+    assert out.token_ids == ref[: first + 1]
+    assert out.finish_reason == "stop"
+
+
+def test_stop_string_inside_block(pair):
+    target, _ = pair
+    tok = _ToyTokenizer()
+    ref = reference_greedy(target, [1, 2, 3], 20)
+    text = tok.decode(ref)
+    stop = text[5:7]
+    cut = text.find(stop)
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(target)), tokenizer=tok)
+    out = eng.generate([1, 2, 3], sampling=GREEDY, gamma=6, max_new_tokens=20, stop=[stop])
+    assert out.finish_reason == "stop"
+    assert out.text == text[:cut]
+    assert out.token_ids == ref[: cut + len(stop)]  # no token past the one completing the stop string
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 9])
+def test_max_new_tokens_never_exceeded(pair, max_new):
+    target, draft = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(target)))
+    for gamma in (1, 4, 8):
+        out = eng.generate([1, 2], sampling=GREEDY, gamma=gamma, max_new_tokens=max_new)
+        assert len(out.token_ids) == max_new and out.finish_reason == "length"
+
+
+def test_context_limit(pair):
+    target = tiny_qwen(1, vocab_size=64, max_context=16)
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(tiny_qwen(2, vocab_size=64, max_context=16))))
+    with pytest.raises(ValueError, match="context"):
+        eng.generate(list(range(16)), sampling=GREEDY)
+    out = eng.generate(list(range(10)), sampling=GREEDY, gamma=4, max_new_tokens=50)
+    assert len(out.token_ids) == 6 and out.finish_reason == "length"
+
+
+def test_seed_reproducible(pair):
+    target, draft = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    cfg = SamplingConfig(temperature=0.9, top_k=20)
+    a = eng.generate([1, 2, 3], sampling=cfg, gamma=3, max_new_tokens=20, seed=42)
+    b = eng.generate([1, 2, 3], sampling=cfg, gamma=3, max_new_tokens=20, seed=42)
+    c = eng.generate([1, 2, 3], sampling=cfg, gamma=3, max_new_tokens=20, seed=43)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_bad_inputs(pair):
+    target, draft = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    with pytest.raises(ValueError, match="vocabulary"):
+        eng.generate([1, 64], sampling=GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate([], sampling=GREEDY)
+    with pytest.raises(ValueError, match="gamma"):
+        eng.generate([1], gamma=-1)
+
+
+def test_metrics_consistent(pair):
+    target, draft = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    out = eng.generate([1, 2, 3], sampling=SamplingConfig(temperature=1.0), gamma=3, max_new_tokens=30, seed=1)
+    m = out.metrics
+    assert m.new_tokens == len(out.token_ids) == 30
+    assert sum(a for _, a in m.per_round) == m.accepted
+    assert m.rounds == len(m.per_round)
+    assert m.accepted_per_position[0] == sum(1 for d, a in m.per_round if d and a >= 1)
+    assert m.block_efficiency == pytest.approx(m.accepted / m.rounds)
+    assert all(0 <= a <= 1 for a in m.acceptance_per_position)
