@@ -73,7 +73,7 @@ class Metrics:
 
     @property
     def acceptance_per_position(self) -> list[float]:
-        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position)]
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position, strict=True)]
 
     @property
     def other_s(self) -> float:
