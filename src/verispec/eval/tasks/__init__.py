@@ -1,0 +1,43 @@
+"""Benchmark tasks read from installed packages' data files (no network, no heavy imports).
+
+Each task module keeps its prompt and its grader together. Common interface::
+
+    task = get_task("gsm")
+    problems = task.load(limit=10)             # list[Problem]
+    grade = task.grade(problems[0], "... \\boxed{42}")   # Grade(passed, score, detail, extracted)
+
+Tasks: ``humaneval`` (164, graded by running hidden tests in ``verispec.eval.sandbox``),
+``gsm`` (100 English GSM8K test questions), ``mgsm`` (the same questions in 17 other languages),
+``champ`` (270 competition-math problems), ``bfcl`` (simple/multiple/parallel/parallel_multiple
+Python function calling, 400/200/200/200).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from verispec.eval.tasks.base import Grade, Message, Problem, Task
+from verispec.eval.tasks.bfcl import BFCLTask
+from verispec.eval.tasks.champ import ChampTask
+from verispec.eval.tasks.gsm import GSMTask
+from verispec.eval.tasks.humaneval import HumanEvalTask
+from verispec.eval.tasks.mgsm import MGSMTask
+
+TASKS: dict[str, Callable[[], Task]] = {
+    "humaneval": HumanEvalTask,
+    "gsm": GSMTask,
+    "mgsm": MGSMTask,
+    "champ": ChampTask,
+    "bfcl": BFCLTask,
+}
+
+
+def get_task(name: str) -> Task:
+    """A fresh instance of the task registered as ``name``."""
+    try:
+        return TASKS[name]()
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
+
+
+__all__ = ["TASKS", "Grade", "Message", "Problem", "Task", "get_task"]

