@@ -68,8 +68,11 @@ class SamplingConfig:
             raise ValueError(f"eta (epsilon) must be > 0, got {self.eta}")
         if self.eta_delta is not None and not self.eta_delta > 0:
             raise ValueError(f"eta_delta must be > 0, got {self.eta_delta}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:

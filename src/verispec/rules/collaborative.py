@@ -10,7 +10,7 @@ import torch
 
 from ..processors import minp_mask
 from .base import ReferenceRule, Rule, positive_residual, ratio_acceptance
-from .validate import check_l, check_lam, check_p_base
+from .validate import _finite, check_l, check_lam, check_p_base
 
 __all__ = [
     "AdaptiveInterpolation",
@@ -88,7 +88,7 @@ class CosCD(ReferenceRule):
 
     def __post_init__(self) -> None:
         check_lam(self.lam)
-        if not 0 < self.q_floor < 1:
+        if not 0 < _finite("q_floor", self.q_floor) < 1:
             raise ValueError(f"q_floor must be in (0, 1), got {self.q_floor}")
 
     def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,225 @@
+"""Command-line interface: ``verispec <command>``.
+
+A click group; each command is a plain function registered on :data:`main` (more commands are added the same
+way). Commands here: ``analyze`` (exact one-step analysis of a rule on a (p, q) pair), ``rules`` (the rule
+table) and ``simulate`` (the Figure-4 simulation of Lemma 1).
+
+Errors in the user's input exit with status 1 and ONE line on stderr (``Error: ...``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+__all__ = ["main"]
+
+SUM_TOL = 1e-6
+
+
+def _fail(message: object) -> click.ClickException:
+    """A one-line ClickException (exit status 1, ``Error: <message>`` on stderr)."""
+    return click.ClickException(" ".join(str(message).split()))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """verispec: speculative decoding whose verification can be trusted and measured."""
+
+
+# ----------------------------------------------------------------------------------------------- analyze
+
+
+def parse_distribution(text: str | None, name: str) -> list[float]:
+    """Parse ``"0.6,0.3,0.1"``: finite, non-negative entries summing to 1 within 1e-6 (ValueError otherwise)."""
+    if text is None:
+        raise ValueError(f"missing --{name} (comma-separated probabilities, e.g. --{name} 0.6,0.3,0.1)")
+    parts = [s.strip() for s in text.split(",")]
+    if not any(parts) or any(not s for s in parts):
+        raise ValueError(f"--{name} has an empty entry: {text!r}")
+    values = []
+    for i, s in enumerate(parts):
+        try:
+            v = float(s)
+        except ValueError:
+            raise ValueError(f"--{name} entry {i} is not a number: {s!r}") from None
+        if math.isnan(v):
+            raise ValueError(f"--{name} entry {i} is NaN")
+        if not math.isfinite(v):
+            raise ValueError(f"--{name} entry {i} is not finite: {s!r}")
+        if v < 0:
+            raise ValueError(f"--{name} entry {i} is negative: {v:g}")
+        values.append(v)
+    total = math.fsum(values)
+    if abs(total - 1) > SUM_TOL:
+        raise ValueError(f"--{name} sums to {total:.9g}, not 1 (tolerance {SUM_TOL:g})")
+    return values
+
+
+def _json_number(x: float) -> float | str:
+    """JSON has no infinity: +inf (an infinite KL) is written as the string "inf"."""
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf" if x < 0 else "nan")
+
+
+def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float], q_vals: list[float]) -> dict:
+    """The numbers behind ``verispec analyze`` (ValueError on invalid input)."""
+    import torch
+
+    from . import rules
+    from .analysis import acceptance_probability, induced_distribution, kl, tv
+    from .rules.lossless import Lossless
+
+    if len(p_vals) != len(q_vals):
+        raise ValueError(f"--p has {len(p_vals)} entries but --q has {len(q_vals)}; they must have the same length")
+    rule = rules.get(rule_name, **params)
+    # normalize inputs already within 1e-6 of 1 by their correctly rounded sum (a no-op when that is 1.0)
+    p = torch.tensor([x / math.fsum(p_vals) for x in p_vals], dtype=torch.float64)
+    q = torch.tensor([x / math.fsum(q_vals) for x in q_vals], dtype=torch.float64)
+    q = rule.draft(q)  # what the draft samples from under this rule (identity except the truncation baselines)
+    induced = induced_distribution(rule, p, q)
+    out: dict[str, object] = {
+        "induced": [float(x) for x in induced],
+        "acceptance": float(acceptance_probability(rule, p, q)),
+        "tv_to_p": float(tv(induced, p)),
+        "kl_to_p": float(kl(induced, p)),
+    }
+    matched = rules.matched_baseline(rule)
+    if type(matched) is not Lossless:
+        target = matched.target(p)
+        out["matched"] = matched.describe()
+        out["matched_target"] = [float(x) for x in target]
+        out["tv_to_matched"] = float(tv(induced, target))
+        out["kl_to_matched"] = float(kl(induced, target))
+    out["rule"] = rule.describe()
+    out["p"], out["q"] = [float(x) for x in p], [float(x) for x in q]
+    return out
+
+
+@main.command()
+@click.option("--rule", "rule_name", metavar="NAME", help="Rule name (see `verispec rules`). Required.")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
+@click.option("--p", "p_text", metavar="P1,P2,...", help="Target distribution p. Required.")
+@click.option("--q", "q_text", metavar="Q1,Q2,...", help="Draft distribution q. Required.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, q_text: str | None,
+            as_json: bool) -> None:
+    """Exact one-step analysis of a verification rule on one (p, q) pair.
+
+    Prints the induced distribution, the acceptance probability, and TV and KL(induced || p); for rules with a
+    truncated matched target p_Theta (the truncation baselines, SpecCascade, typical acceptance) also TV and
+    KL to p_Theta. Inputs must be non-negative, of equal length, and sum to 1 within 1e-6 (then renormalized
+    exactly). q is passed through the rule's draft transform (min-p / eta truncation for the baselines).
+
+    With --json: one object with keys induced, acceptance, tv_to_p, kl_to_p, and when a matched target exists
+    tv_to_matched, kl_to_matched (plus matched, matched_target); also rule, p, q. An infinite KL is written as
+    the string "inf".
+    """
+    from . import rules
+
+    try:
+        if rule_name is None:
+            raise ValueError("missing --rule NAME (see `verispec rules`)")
+        p_vals = parse_distribution(p_text, "p")
+        q_vals = parse_distribution(q_text, "q")
+        res = analyze_pair(rule_name, rules.parse_params(params), p_vals, q_vals)
+    except (ValueError, TypeError) as exc:
+        raise _fail(exc) from None
+
+    if as_json:
+        keys = ["induced", "acceptance", "tv_to_p", "kl_to_p", "tv_to_matched", "kl_to_matched", "matched",
+                "matched_target", "rule", "p", "q"]
+        obj = {k: res[k] for k in keys if k in res}
+        for k in ("kl_to_p", "kl_to_matched"):
+            if k in obj:
+                obj[k] = _json_number(obj[k])  # type: ignore[arg-type]
+        click.echo(json.dumps(obj))
+        return
+    _print_analysis(res)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.6g}"
+
+
+def _print_analysis(res: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    has_matched = "matched_target" in res
+    table = Table(title=escape(f"{res['rule']}: distribution emitted at one drafted position"))
+    table.add_column("token", justify="right")
+    for name in ("p", "q", "induced") + (("p_Theta",) if has_matched else ()):
+        table.add_column(name, justify="right")
+    for i in range(len(res["p"])):
+        row = [str(i), _fmt(res["p"][i]), _fmt(res["q"][i]), _fmt(res["induced"][i])]
+        if has_matched:
+            row.append(_fmt(res["matched_target"][i]))
+        table.add_row(*row)
+    console.print(table)
+    summary = Table(show_header=False)
+    summary.add_column("quantity")
+    summary.add_column("value", justify="right")
+    summary.add_row("acceptance probability", _fmt(res["acceptance"]))
+    summary.add_row("TV(induced, p)", _fmt(res["tv_to_p"]))
+    summary.add_row("KL(induced || p)", _fmt(res["kl_to_p"]))
+    if has_matched:
+        summary.add_row("matched target p_Theta", escape(f"{res['matched']}.target(p)"))
+        summary.add_row("TV(induced, p_Theta)", _fmt(res["tv_to_matched"]))
+        summary.add_row("KL(induced || p_Theta)", _fmt(res["kl_to_matched"]))
+    console.print(summary)
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+
+@main.command(name="rules")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as a JSON list.")
+def rules_cmd(as_json: bool) -> None:
+    """List the registered verification rules: name, parameters, source equation, lossless or not."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import rules
+
+    rows = rules.table()
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    table = Table(title="verification rules")
+    table.add_column("name", no_wrap=True)
+    for col in ("params", "equation", "lossless"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["name"], row["params"], row["equation"], row["lossless"])
+    Console().print(table)
+
+
+# ----------------------------------------------------------------------------------------------- simulate
+
+
+@main.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--pairs", "n_pairs", default=500, show_default=True, type=click.IntRange(min=2),
+              help="(p, q) pairs per triplet.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--q-tail", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Share of p's tail profile the draft keeps (0: draft mass only on its candidates).")
+def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
+    """Figure-4 simulation of Lemma 1 (min-p and eta): writes figure4_lemma1.csv and figure4_lemma1.png."""
+    from .analysis import simulation
+
+    try:
+        df = simulation.simulate(n_pairs=n_pairs, seed=seed, q_tail=q_tail)
+        csv_path, png_path = simulation.save(df, out_dir)
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    click.echo(f"wrote {csv_path}")
+    click.echo(f"wrote {png_path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
