@@ -74,7 +74,7 @@ def generate(
     drafter: str = "model",
     rule: str | Rule = "lossless",
     rule_params: dict | None = None,
-    gamma: int = 5,
+    gamma: int | str = 5,
     temperature: float = 1.0,
     top_p: float | None = None,
     top_k: int | None = None,

@@ -233,7 +233,7 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
 @click.option("--drafter", type=click.Choice(["model", "ngram"]), default="model", show_default=True)
 @click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")
-@click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=0), help="Draft length.")
+@click.option("--gamma", default="5", show_default=True, help="Draft length, or 'auto' (adaptive per round).")
 @click.option("--temperature", default=0.7, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-p", default=None, type=float)
 @click.option("--top-k", default=None, type=int)
@@ -249,7 +249,7 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
-             params: tuple[str, ...], drafter: str, no_draft: bool, gamma: int, temperature: float,
+             params: tuple[str, ...], drafter: str, no_draft: bool, gamma: str, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
              stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, as_json: bool) -> None:
@@ -259,13 +259,16 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     from .processors import SamplingConfig
 
     try:
+        gamma_v: int | str = gamma if gamma == "auto" else int(gamma)
+        if isinstance(gamma_v, int) and gamma_v < 0:
+            raise ValueError(f"--gamma must be >= 0 or 'auto', got {gamma}")
         rule = rules.get(rule_name, **rules.parse_params(params))
         cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
                              repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                              presence_penalty=presence_penalty)
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
                              "none" if no_draft else drafter, dtype, threads)
-        result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=0 if no_draft else gamma,
+        result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=0 if no_draft else gamma_v,
                                  max_new_tokens=max_new_tokens, stop=stop, seed=seed, chat=chat)
     except (ValueError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None

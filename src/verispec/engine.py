@@ -19,6 +19,7 @@ from .backends.hf import HFBackend
 from .drafters.base import Draft, DraftContext, Drafter
 from .processors import SamplingConfig, apply_penalties, history_counts, process
 from .rules import Rule, get
+from .schedule import AdaptiveGamma
 from .verify import verify_block, verify_greedy
 
 __all__ = ["GenerationResult", "Metrics", "SpeculativeEngine"]
@@ -157,17 +158,23 @@ class SpeculativeEngine:
         *,
         rule: Rule | str = "lossless",
         sampling: SamplingConfig | None = None,
-        gamma: int = 5,
+        gamma: int | str = 5,
         max_new_tokens: int = 128,
         stop: Sequence[str] = (),
         seed: int = 0,
         chat: bool = False,
+        gamma_max: int = 8,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens; stops on EOS ids and ``stop`` strings, never overshooting."""
+        """Generate up to ``max_new_tokens`` tokens; stops on EOS ids and ``stop`` strings, never overshooting.
+
+        ``gamma="auto"`` picks the draft length each round (up to ``gamma_max``) from measured acceptance and
+        costs (:class:`~verispec.schedule.AdaptiveGamma`).
+        """
         cfg = sampling or SamplingConfig()
         rule = get(rule) if isinstance(rule, str) else rule
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        schedule = AdaptiveGamma(gamma_max) if gamma == "auto" else None
+        if schedule is None and (not isinstance(gamma, int) or gamma < 0):
+            raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         prompt_ids = self.encode(prompt, chat)
@@ -198,7 +205,8 @@ class SpeculativeEngine:
         stop_at: int | None = None
         while finish is None:
             room = limit - len(ids)
-            g = max(min(gamma, max_new_tokens - len(new) - 1, room - 1), 0)
+            wanted = schedule.choose() if schedule is not None else gamma
+            g = max(min(wanted, max_new_tokens - len(new) - 1, room - 1), 0)
             draft = Draft([])
             if self.drafter is not None and g > 0:
                 draft = self.drafter.propose(ids, g, ctx)
@@ -227,6 +235,8 @@ class SpeculativeEngine:
             m.target_s += t1 - t0
             m.verify_s += t2 - t1
             m.record_round(len(y), n)
+            if schedule is not None:
+                schedule.update(len(y), n, draft.seconds, t1 - t0)
 
             for tok in emitted:
                 ids.append(tok)
