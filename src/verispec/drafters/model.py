@@ -7,7 +7,7 @@ import time
 import torch
 
 from ..backends.hf import HFBackend
-from ..processors import process
+from ..processors import apply_penalties, process
 from ..verify import sample_categorical
 from .base import Draft, DraftContext
 
@@ -42,11 +42,11 @@ class ModelDrafter:
         feed = self.backend.sync(ids)
         for _ in range(gamma):
             logits = self.backend.extend(feed, 1)[0]
-            q = process(logits, ctx.cfg, counts)
-            q = ctx.rule.draft(q)
             if greedy:
-                tok = int(q.argmax())
+                # every processor and every rule's draft transform keeps the argmax: skip building q
+                tok = int((apply_penalties(logits, counts, ctx.cfg) if counts is not None else logits).argmax())
             else:
+                q = ctx.rule.draft(process(logits, ctx.cfg, counts))
                 tok = int(sample_categorical(q, ctx.generator))
                 qs.append(q)
             tokens.append(tok)
