@@ -1,0 +1,140 @@
+"""``verispec bench``: run sweeps, write reports, run the offline estimator.
+
+A click group (``bench``) registered on the main CLI. Commands::
+
+    verispec bench grid CONFIG [--limit N] [--tasks a,b] [--seeds 0,1]     # the units, without running
+    verispec bench run CONFIG --out RUN_DIR [--limit N] [--tasks a,b] [--seeds 0,1] [--max-units K]
+    verispec bench report RUN_DIR [--out DIR]
+    verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
+
+``run`` resumes: started again on the same RUN_DIR it skips the units already in ``results.jsonl``.
+Errors in the user's input exit with status 1 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["bench"]
+
+
+def _fail(message: object) -> click.ClickException:
+    return click.ClickException(" ".join(str(message).split()))
+
+
+def _csv(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _seeds(text: str | None) -> list[int] | None:
+    items = _csv(text)
+    if items is None:
+        return None
+    try:
+        return [int(s) for s in items]
+    except ValueError:
+        raise click.BadParameter(f"--seeds must be comma-separated integers, got {text!r}") from None
+
+
+@click.group(name="bench", context_settings={"help_option_names": ["-h", "--help"]})
+def bench() -> None:
+    """Benchmark sweeps: BE, decoding speed and accuracy per verification rule, against matched baselines."""
+
+
+_limit = click.option("--limit", type=click.IntRange(min=0), default=None,
+                      help="At most N problems per task (overrides larger limits in the config).")
+_tasks = click.option("--tasks", "tasks_text", default=None, metavar="A,B", help="Only these tasks of the config.")
+_seeds_opt = click.option("--seeds", "seeds_text", default=None, metavar="0,1", help="Only these seeds.")
+
+
+@bench.command(name="grid")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@_limit
+@_tasks
+@_seeds_opt
+@click.option("--list", "show", is_flag=True, help="Print every unit key.")
+def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text: str | None, show: bool) -> None:
+    """Print the sweep's settings (baselines added) and the number of work units."""
+    from .eval.runner import load_problems
+    from .eval.sweep import expand, load_config
+
+    try:
+        cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text))
+        problems = load_problems(cfg)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
+    click.echo(f"{cfg.name}: {len(units)} units = {len(cfg.seeds)} seeds x {len(cfg.methods)} settings x "
+               f"{sum(len(v) for v in problems.values())} problems")
+    click.echo("tasks: " + ", ".join(f"{k} ({len(v)})" for k, v in problems.items()))
+    click.echo("settings: " + ", ".join(m.label for m in cfg.methods))
+    if show:
+        for u in units:
+            click.echo(u.key)
+
+
+@bench.command(name="run")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory.")
+@_limit
+@_tasks
+@_seeds_opt
+@click.option("--max-units", type=click.IntRange(min=0), default=None, help="Stop after K new units.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
+            max_units: int | None, no_progress: bool) -> None:
+    """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
+    from .eval.runner import run_sweep
+
+    try:
+        s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
+                      progress=not no_progress, max_units=max_units, log=lambda m: click.echo(m, err=True))
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+        raise _fail(exc) from None
+    click.echo(f"{s.completed} units done now, {s.skipped} were already done, {s.failed} failed "
+               f"({s.seconds:.0f} s); results in {s.run_dir / 'results.jsonl'}")
+    if s.failed:
+        raise _fail(f"{s.failed} units failed (see {s.run_dir / 'errors.jsonl'}); run again to retry them")
+
+
+@bench.command(name="report")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Report directory (default RUN_DIR/report).")
+def report_cmd(run_dir: str, out_dir: str | None) -> None:
+    """Tables (Markdown + CSV), plots (PNG) and qualitative diffs of a run directory."""
+    from .eval.report import write_report
+
+    try:
+        files = write_report(run_dir, out_dir)
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    for path in files.values():
+        click.echo(f"wrote {path}")
+
+
+@bench.command(name="estimate")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--top-k", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Tokens of p and of q stored per position (the rest is lumped in one bin).")
+@click.option("--full", is_flag=True, help="Store full distributions (exact; small vocabularies only).")
+@click.option("--max-per-setting", type=click.IntRange(min=1), default=None,
+              help="Log at most N outputs of each setting.")
+def estimate_cmd(run_dir: str, top_k: int, full: bool, max_per_setting: int | None) -> None:
+    """Offline estimator on a run's outputs: expected acceptance / BE / KL for every setting, checked against
+    the measured acceptance (RUN_DIR/estimator/)."""
+    from .eval.estimator import estimate_run
+
+    try:
+        files = estimate_run(run_dir, top_k=None if full else top_k, max_per_setting=max_per_setting,
+                             log=lambda m: click.echo(m, err=True))
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    for path in files.values():
+        click.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench()

@@ -1,0 +1,427 @@
+"""Run a sweep: work units -> engine -> grader -> one JSON line each in ``RUN_DIR/results.jsonl``.
+
+Crash safety. Each result line is written with one ``write`` call, flushed and ``os.fsync``-ed before the
+next unit starts. On (re)start the runner reads the keys already in ``results.jsonl``, cuts a trailing
+partial line (a kill mid-write) off the file, and runs only the missing units; so killing a run and starting
+it again loses nothing that was complete and never writes a key twice. A lock file (``flock``) keeps two
+runners out of one directory. A unit that raises is logged to ``errors.jsonl`` (not to the results) and
+retried on the next start.
+
+Result line (schema 1)::
+
+    key, schema, config_name, task, problem_id, method (rule name), params, label, baseline (label of the
+    matched baseline), lossless, seed, gen_seed, settings, prompt_tokens, text, token_ids, finish_reason,
+    grade {passed, score, extracted, detail}, be, tokens_per_round, ds (tokens/s), new_tokens, rounds,
+    drafted, accepted, acceptance_rate, per_round [[drafted, accepted], ...],
+    timings {draft_s, target_s, verify_s, other_s, total_s, grade_s}, finished_at (UTC ISO time)
+
+The engine comes from ``engine_factory(config)``; the default loads the configured real pair through
+:func:`verispec.api.load_engine`, or a tiny random pair for ``target = "toy"`` (tests and dry runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .sweep import SweepConfig, WorkUnit, expand, load_config
+from .tasks.base import Grade, Problem
+
+__all__ = [
+    "RESULTS",
+    "RunSummary",
+    "ToyTask",
+    "ToyTokenizer",
+    "default_engine_factory",
+    "encode_problem",
+    "get_task",
+    "load_problems",
+    "read_results",
+    "run_sweep",
+    "run_unit",
+    "toy_engine",
+]
+
+RESULTS = "results.jsonl"
+ERRORS = "errors.jsonl"
+SCHEMA = 1
+
+EngineFactory = Callable[[SweepConfig], Any]
+
+
+# ----------------------------------------------------------------------------------- toy pair and task
+
+
+class ToyTokenizer:
+    """A character tokenizer over a 64-symbol alphabet, with a trivial chat template (for tiny models)."""
+
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
+
+    def __init__(self) -> None:
+        self.index = {c: i for i, c in enumerate(self.alphabet)}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index[c] for c in text if c in self.index]
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                            tokenize: bool = True) -> list[int] | str:
+        text = "".join(f"{m['role'][0]} {m['content']}\n" for m in messages) + ("a " if add_generation_prompt else "")
+        return self.encode(text) if tokenize else text
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.alphabet[int(i) % len(self.alphabet)] for i in ids)
+
+
+class ToyTask:
+    """A fake benchmark for tiny random models: problem i passes when the output contains its letter."""
+
+    def __init__(self, name: str = "toy", size: int = 20) -> None:
+        self.name = name
+        self.size = size
+
+    def load(self, limit: int | None = None, subset: Sequence[str] | str | None = None) -> list[Problem]:
+        wanted = None if subset is None else ({subset} if isinstance(subset, str) else set(subset))
+        probs = [
+            Problem(task=self.name, id=f"{self.name}/{i}",
+                    messages=[{"role": "user", "content": f"write letter {ToyTokenizer.alphabet[i % 26]} {i}"}],
+                    reference=ToyTokenizer.alphabet[i % 26])
+            for i in range(self.size)
+        ]
+        probs = [p for p in probs if wanted is None or p.id in wanted]
+        return probs if limit is None else probs[:limit]
+
+    def grade(self, problem: Problem, completion_text: str) -> Grade:
+        hit = problem.reference in completion_text
+        return Grade(hit, float(hit), "letter found" if hit else "letter missing", problem.reference if hit else None)
+
+
+EXTRA_TASKS: dict[str, Callable[[], Any]] = {"toy": ToyTask, "toy2": lambda: ToyTask("toy2", 12)}
+
+
+def get_task(name: str) -> Any:
+    """A task from :mod:`verispec.eval.tasks`, or one of the toy tasks (``toy``, ``toy2``)."""
+    if name in EXTRA_TASKS:
+        return EXTRA_TASKS[name]()
+    from .tasks import get_task as real
+
+    return real(name)
+
+
+_TOY_ENGINES: dict[tuple[int, bool], Any] = {}
+
+
+def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
+    """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer`: runs a sweep in seconds."""
+    from ..backends.hf import HFBackend
+    from ..drafters import ModelDrafter
+    from ..engine import SpeculativeEngine
+    from ..testing import tiny_qwen
+
+    with_draft = cfg is None or cfg.drafter == "model"
+    key = (vocab_size, with_draft)
+    if key not in _TOY_ENGINES:
+        target = tiny_qwen(1, vocab_size=vocab_size, logit_scale=4.0)
+        drafter = None
+        if with_draft:
+            drafter = ModelDrafter(HFBackend(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0)))
+        _TOY_ENGINES[key] = SpeculativeEngine(HFBackend(target), drafter, ToyTokenizer(), ())
+    return _TOY_ENGINES[key]
+
+
+def default_engine_factory(cfg: SweepConfig) -> Any:
+    """The configured pair via :func:`verispec.api.load_engine` (``target = "toy"``: :func:`toy_engine`)."""
+    if cfg.target == "toy":
+        if cfg.threads:
+            import torch
+
+            torch.set_num_threads(cfg.threads)
+        return toy_engine(cfg)
+    from ..api import load_engine
+
+    return load_engine(cfg.target, cfg.draft if cfg.drafter == "model" else None, cfg.drafter, cfg.dtype,
+                       cfg.threads)
+
+
+# --------------------------------------------------------------------------------------------- results I/O
+
+
+def _repair_tail(path: Path) -> int:
+    """Cut a trailing partial line (no final newline) off ``path``; return the number of bytes removed."""
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # find the last newline
+        pos, chunk = size, 1 << 16
+        last_nl = -1
+        while pos > 0 and last_nl < 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            buf = f.read(pos - start)
+            i = buf.rfind(b"\n")
+            if i >= 0:
+                last_nl = start + i
+            pos = start
+        keep = last_nl + 1
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+def read_results(run_dir: str | Path) -> list[dict]:
+    """All complete result lines of a run directory, first occurrence of each key.
+
+    A last line without its newline (a run killed mid-write) is ignored; a malformed line elsewhere raises.
+    """
+    path = Path(run_dir) / RESULTS
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    complete = lines[:-1]  # the last element is b"" when the file ends with a newline, else a partial line
+    out, seen = [], set()
+    for n, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: malformed result line ({exc})") from None
+        if rec["key"] in seen:
+            continue
+        seen.add(rec["key"])
+        out.append(rec)
+    return out
+
+
+def _append(f: Any, rec: dict) -> None:
+    f.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    with open(run_dir / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another `bench run` holds {run_dir} (lock file {run_dir / '.lock'})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# ------------------------------------------------------------------------------------------------- running
+
+
+def load_problems(cfg: SweepConfig) -> dict[str, list[Problem]]:
+    """Problems of every task of the config (limit and subset applied)."""
+    return {t.name: get_task(t.name).load(limit=t.limit, subset=list(t.subset) if t.subset else None)
+            for t in cfg.tasks}
+
+
+def encode_problem(engine: Any, problem: Problem) -> list[int]:
+    """Prompt token ids: the problem's messages rendered with the tokenizer's chat template."""
+    tok = engine.tokenizer
+    if tok is None or not hasattr(tok, "apply_chat_template"):
+        raise ValueError("the engine has no tokenizer with a chat template")
+    ids = tok.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):  # a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: SweepConfig,
+             prompt_ids: list[int] | None = None) -> dict:
+    """Generate and grade one unit; return its result line (a dict)."""
+    ids = prompt_ids if prompt_ids is not None else encode_problem(engine, problem)
+    rule = unit.method.build()
+    res = engine.generate(ids, rule=rule, sampling=cfg.sampling_config(), gamma=cfg.gamma,
+                          max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed)
+    t0 = time.perf_counter()
+    try:
+        grade = task.grade(problem, res.text)
+    except Exception as exc:  # a grader bug must not stop the sweep; the line says what happened
+        grade = Grade(False, 0.0, f"grader error: {type(exc).__name__}: {exc}"[:500], None)
+    grade_s = time.perf_counter() - t0
+    m = res.metrics
+    return {
+        "key": unit.key,
+        "schema": SCHEMA,
+        "config_name": cfg.name,
+        "task": unit.task,
+        "problem_id": unit.problem_id,
+        "method": unit.method.rule,
+        "params": unit.method.param_dict(),
+        "label": unit.method.label,
+        "baseline": unit.method.baseline().label,
+        "lossless": unit.method.lossless,
+        "seed": unit.seed,
+        "gen_seed": unit.gen_seed,
+        "settings": cfg.settings(unit.task),
+        "prompt_tokens": len(ids),
+        "text": res.text,
+        "token_ids": res.token_ids,
+        "finish_reason": res.finish_reason,
+        "grade": {"passed": bool(grade.passed), "score": float(grade.score), "extracted": grade.extracted,
+                  "detail": grade.detail},
+        "be": m.block_efficiency,
+        "tokens_per_round": m.tokens_per_round,
+        "ds": m.tokens_per_s,
+        "new_tokens": m.new_tokens,
+        "rounds": m.rounds,
+        "drafted": m.drafted,
+        "accepted": m.accepted,
+        "acceptance_rate": m.acceptance_rate,
+        "per_round": [list(r) for r in m.per_round],
+        "timings": {"draft_s": m.draft_s, "target_s": m.target_s, "verify_s": m.verify_s, "other_s": m.other_s,
+                    "total_s": m.total_s, "grade_s": grade_s},
+        "finished_at": _now(),
+    }
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    total: int = 0
+    skipped: int = 0
+    completed: int = 0
+    failed: int = 0
+    repaired_bytes: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+
+def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
+    path = run_dir / "config.json"
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    new = cfg.to_json()
+    keys = ("temperature", "sampling", "gamma", "max_new_tokens", "target", "drafter", "dtype")
+    diff = [k for k in keys if old.get(k) != new.get(k)]
+    if old.get("drafter") == "model" and new.get("drafter") == "model" and old.get("draft") != new.get("draft"):
+        diff.append("draft")
+    old_tasks = {t["name"]: t.get("max_new_tokens") for t in old.get("tasks", [])}
+    for t in new["tasks"]:
+        if t["name"] in old_tasks and old_tasks[t["name"]] != t.get("max_new_tokens"):
+            diff.append(f"max_new_tokens of {t['name']}")
+    if diff:
+        raise ValueError(f"{run_dir} holds results of a sweep with different settings ({', '.join(diff)}); "
+                         "use another --out directory")
+
+
+def run_sweep(
+    config: SweepConfig | str | Path,
+    out_dir: str | Path,
+    *,
+    engine_factory: EngineFactory | None = None,
+    limit: int | None = None,
+    tasks: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    progress: bool = True,
+    max_units: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """Run (or resume) a sweep into ``out_dir``; see the module docstring for the guarantees.
+
+    ``config``: a :class:`SweepConfig` or a TOML path (copied verbatim to ``out_dir/config.toml``).
+    ``limit``/``tasks``/``seeds`` shrink the grid; ``max_units`` stops after that many new units.
+    """
+    start = time.perf_counter()
+    run_dir = Path(out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    src_path = None
+    if not isinstance(config, SweepConfig):
+        src_path = Path(config)
+        config = load_config(src_path)
+    cfg = config.restricted(limit=limit, tasks=tasks, seeds=seeds)
+    say = log or (lambda s: None)
+    summary = RunSummary(run_dir)
+    with _locked(run_dir):
+        _check_settings(run_dir, config)
+        if src_path is not None and not (run_dir / "config.toml").exists():
+            shutil.copyfile(src_path, run_dir / "config.toml")
+        if not (run_dir / "config.json").exists():
+            (run_dir / "config.json").write_text(json.dumps(config.to_json(), indent=1) + "\n")
+        problems = load_problems(cfg)
+        units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
+        summary.total = len(units)
+        (run_dir / "run.json").write_text(json.dumps(
+            {"grid": cfg.to_json(), "units": len(units), "started_at": _now()}, indent=1) + "\n")
+        summary.repaired_bytes = _repair_tail(run_dir / RESULTS)
+        if summary.repaired_bytes:
+            say(f"cut a partial last line ({summary.repaired_bytes} bytes) off {run_dir / RESULTS}")
+        done = {r["key"] for r in read_results(run_dir)}
+        todo = [u for u in units if u.key not in done]
+        summary.skipped = len(units) - len(todo)
+        if max_units is not None:
+            todo = todo[:max_units]
+        say(f"{len(units)} units in the grid, {summary.skipped} already done, {len(todo)} to run")
+        if not todo:
+            summary.seconds = time.perf_counter() - start
+            return summary
+        engine = (engine_factory or default_engine_factory)(cfg)
+        task_objs = {name: get_task(name) for name in problems}
+        by_id = {(name, p.id): p for name, ps in problems.items() for p in ps}
+        prompts: dict[tuple[str, str], list[int]] = {}
+        bar = _progress(len(todo), progress)
+        passed = 0
+        be_sum = 0.0
+        with open(run_dir / RESULTS, "ab") as out:
+            for unit in todo:
+                pkey = (unit.task, unit.problem_id)
+                try:
+                    if pkey not in prompts:
+                        prompts[pkey] = encode_problem(engine, by_id[pkey])
+                    rec = run_unit(unit, engine, task_objs[unit.task], by_id[pkey], cfg, prompts[pkey])
+                except Exception as exc:  # logged and retried on the next start
+                    summary.failed += 1
+                    msg = f"{type(exc).__name__}: {exc}"
+                    summary.failures.append(f"{unit.key}: {msg}")
+                    with open(run_dir / ERRORS, "a") as errs:
+                        errs.write(json.dumps({"key": unit.key, "error": msg, "at": _now()}) + "\n")
+                    say(f"FAILED {unit.key}: {msg}")
+                else:
+                    _append(out, rec)
+                    summary.completed += 1
+                    passed += rec["grade"]["passed"]
+                    be_sum += rec["be"]
+                if bar is not None:
+                    bar.update(1)
+                    n = max(summary.completed, 1)
+                    bar.set_postfix_str(f"{unit.task} {unit.method.label} | BE {be_sum / n:.2f} "
+                                        f"acc {100 * passed / n:.0f}%", refresh=False)
+        if bar is not None:
+            bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="unit", dynamic_ncols=True, smoothing=0.1)

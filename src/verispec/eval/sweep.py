@@ -1,0 +1,456 @@
+"""Sweeps: a TOML config -> the grid of independent work units (task, method, parameters, seed, problem).
+
+A config (see ``configs/*.toml``)::
+
+    name = "smoke"
+    seeds = [0]                 # default [0, 1, 2], the paper's three seeds
+    temperature = 0.7           # default 0.7 (the paper's); 0 = greedy
+    gamma = 5                   # draft length
+    max_new_tokens = 256
+    pair_baselines = true       # add each lossy method's matched baseline to the grid (default true)
+
+    [sampling]                  # optional, other SamplingConfig fields applied to target and draft
+    top_p = 0.95
+
+    [models]
+    target = "qwen2.5-coder-1.5b-instruct"   # registered name or HF directory; "toy": tiny random pair
+    draft = "qwen2.5-coder-0.5b-instruct"
+    drafter = "model"           # model | ngram | none
+    dtype = "bfloat16"
+    threads = 2                 # optional torch intra-op threads
+
+    [[tasks]]
+    name = "humaneval"
+    limit = 20                  # first N problems (after subset)
+    subset = ["HumanEval/0"]    # optional, task-specific (ids, languages, categories)
+    max_new_tokens = 384        # optional, overrides the global value for this task
+
+    [[methods]]
+    rule = "spec-cascade"
+    params = { p_base = [0.1, 0.3] }   # scalar or list per parameter: the grid is their product
+    [[methods]]
+    rule = "typical"
+    params = "paper"                   # the paper's grid for this rule (PRESETS)
+
+A method without ``params`` runs the rule with its defaults. Every lossy setting is paired with its matched
+baseline (:func:`verispec.rules.matched_baseline`: spec-cascade -> minp-sampling with the same p_base,
+typical -> eta-sampling with the same epsilon/delta, every other lossy rule -> lossless), added to the grid
+when absent.
+
+A :class:`WorkUnit` carries everything that determines its result (generation settings, rule, parameters,
+task, problem id, seed), so units can run in any order, on any machine. The generation seed of a unit is a
+hash of (seed, task, problem id) and does NOT depend on the method: all methods of one (problem, seed) draw
+the same random numbers (common random numbers), so matched pairs share draft trajectories until they
+diverge, and paired differences have less noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .. import rules
+from ..processors import SamplingConfig
+
+__all__ = [
+    "PRESETS",
+    "MethodSetting",
+    "SweepConfig",
+    "TaskSpec",
+    "WorkUnit",
+    "expand",
+    "expand_methods",
+    "generation_seed",
+    "load_config",
+    "parse_config",
+    "setting",
+]
+
+# The paper's grids (Tables 1, 4, 5, 6): min-p p_base 0.1..0.9 step 0.2, eta epsilon 0.05..0.25 step 0.05,
+# lenience l and the CoS / ablation lambdas 0.2..0.8 step 0.2.
+_P_BASE = [0.1, 0.3, 0.5, 0.7, 0.9]
+_EPSILON = [0.05, 0.1, 0.15, 0.2, 0.25]
+_LAMBDA = [0.2, 0.4, 0.6, 0.8]
+PRESETS: dict[str, dict[str, list[float]]] = {
+    "lossless": {},
+    "minp-sampling": {"p_base": _P_BASE},
+    "spec-cascade": {"p_base": _P_BASE},
+    "eta-sampling": {"epsilon": _EPSILON},
+    "typical": {"epsilon": _EPSILON},
+    "lenience": {"l": _LAMBDA},
+    "cos-we": {"lam": _LAMBDA},
+    "cos-cd": {"lam": _LAMBDA},
+    "overshoot-ceiling": {"lam": _LAMBDA},
+    "adaptive-interpolation": {"lam": _LAMBDA},
+    "minp-cap": {"p_base": [0.5], "l": _LAMBDA},
+}
+PAPER_SEEDS = [0, 1, 2]
+
+_TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
+             "tasks", "methods"}
+_MODEL_KEYS = {"target", "draft", "drafter", "dtype", "threads"}
+_TASK_KEYS = {"name", "limit", "subset", "max_new_tokens"}
+_METHOD_KEYS = {"rule", "params"}
+
+
+# ------------------------------------------------------------------------------------------------ methods
+
+
+def _canon_value(v: object) -> object:
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, int | float):
+        return float(v)
+    raise ValueError(f"parameter value {v!r} is not a number or string")
+
+
+def _fmt_value(v: object) -> str:
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True)
+class MethodSetting:
+    """One verification rule with its parameters, in canonical form (the rule's own parameter names)."""
+
+    rule: str
+    params: tuple[tuple[str, object], ...] = ()
+
+    def build(self) -> rules.Rule:
+        return rules.get(self.rule, **dict(self.params))
+
+    @property
+    def label(self) -> str:
+        """``spec-cascade(p_base=0.3)``: the rule and the parameters that differ from its defaults."""
+        if not self.params:
+            return self.rule
+        return f"{self.rule}({', '.join(f'{k}={_fmt_value(v)}' for k, v in self.params)})"
+
+    @property
+    def lossless(self) -> bool:
+        return rules.REGISTRY[self.rule].lossless
+
+    def baseline(self) -> MethodSetting:
+        """The matched baseline (itself for lossless rules)."""
+        return setting(rules.matched_baseline(self.build()))
+
+    def param_dict(self) -> dict[str, object]:
+        return dict(self.params)
+
+
+def setting(rule: rules.Rule | str, **params: object) -> MethodSetting:
+    """The canonical :class:`MethodSetting` of a rule: validated by building it, aliases resolved (``lambda``
+    -> ``lam``, ``correction`` -> ``correction_source``). The swept parameters (those of the rule's preset)
+    are always kept; the others only when they differ from the rule's defaults."""
+    built = rules.get(rule, **params) if isinstance(rule, str) else rule
+    defaults = {f.name: f.default for f in fields(built)}
+    swept = PRESETS.get(built.name, {})
+    kept = []
+    for name in built.param_names:
+        value = _canon_value(getattr(built, name))
+        default = defaults.get(name)
+        default = _canon_value(default) if isinstance(default, int | float | str | bool | None) else default
+        if name in swept or value != default:
+            kept.append((name, value))
+    return MethodSetting(built.name, tuple(kept))
+
+
+def _grid(rule: str, params: object) -> list[MethodSetting]:
+    if rule not in rules.REGISTRY:
+        raise ValueError(f"unknown rule {rule!r}; known rules: {', '.join(rules.REGISTRY)}")
+    if params is None:
+        return [setting(rule)]
+    if params == "paper":
+        if rule not in PRESETS:
+            raise ValueError(f"no paper preset for rule {rule!r}; presets: {', '.join(PRESETS)}")
+        params = PRESETS[rule]
+    if not isinstance(params, Mapping):
+        raise ValueError(f"params of {rule!r} must be a table of name = value or [values], or \"paper\"")
+    names = list(params)
+    axes = []
+    for name in names:
+        vals = params[name]
+        vals = list(vals) if isinstance(vals, list | tuple) else [vals]
+        if not vals:
+            raise ValueError(f"parameter {name!r} of {rule!r} has an empty list of values")
+        axes.append(vals)
+    return [setting(rule, **dict(zip(names, combo, strict=True))) for combo in itertools.product(*axes)]
+
+
+def expand_methods(methods: Iterable[tuple[str, object]], pair_baselines: bool = True) -> list[MethodSetting]:
+    """Settings of ``(rule, params)`` entries in order, duplicates removed; with ``pair_baselines`` each lossy
+    setting's matched baseline is appended (before the first lossy setting needing it) when absent."""
+    out: list[MethodSetting] = []
+    for rule, params in methods:
+        for s in _grid(rule, params):
+            if pair_baselines and not s.lossless:
+                base = s.baseline()
+                if base not in out:
+                    out.append(base)
+            if s not in out:
+                out.append(s)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    limit: int | None = None
+    subset: tuple[str, ...] | None = None
+    max_new_tokens: int | None = None  # None: the sweep's value
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A parsed sweep: generation settings, tasks, method settings (baselines included) and seeds."""
+
+    name: str = "sweep"
+    tasks: tuple[TaskSpec, ...] = ()
+    methods: tuple[MethodSetting, ...] = ()
+    seeds: tuple[int, ...] = tuple(PAPER_SEEDS)
+    temperature: float = 0.7
+    sampling: tuple[tuple[str, object], ...] = ()
+    gamma: int = 5
+    max_new_tokens: int = 256
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str | None = "qwen2.5-coder-0.5b-instruct"
+    drafter: str = "model"
+    dtype: str = "bfloat16"
+    threads: int | None = None
+    pair_baselines: bool = True
+    raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
+
+    def sampling_config(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, **dict(self.sampling))
+
+    def max_tokens(self, task: str) -> int:
+        """max_new_tokens of ``task`` (its own value, else the sweep's)."""
+        spec = next((t for t in self.tasks if t.name == task), None)
+        return spec.max_new_tokens if spec is not None and spec.max_new_tokens else self.max_new_tokens
+
+    def settings(self, task: str | None = None) -> dict[str, Any]:
+        """What determines a unit's output besides (rule, params, task, problem, seed); stored in every result
+        line (with ``task``: that task's max_new_tokens) and compared when a run directory is resumed."""
+        return {
+            "temperature": self.temperature,
+            "sampling": dict(self.sampling),
+            "gamma": self.gamma,
+            "max_new_tokens": self.max_new_tokens if task is None else self.max_tokens(task),
+            "target": self.target,
+            "draft": self.draft if self.drafter == "model" else None,
+            "drafter": self.drafter,
+            "dtype": self.dtype,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("raw_methods")
+        d["methods"] = [{"rule": m.rule, "params": dict(m.params), "label": m.label} for m in self.methods]
+        d["sampling"] = dict(self.sampling)
+        d["tasks"] = [{"name": t.name, "limit": t.limit, "subset": list(t.subset) if t.subset else None,
+                       "max_new_tokens": t.max_new_tokens} for t in self.tasks]
+        d["seeds"] = list(self.seeds)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SweepConfig:
+        """Inverse of :meth:`to_json` (the ``config.json`` a run directory holds)."""
+        return cls(
+            name=d["name"],
+            tasks=tuple(TaskSpec(t["name"], t.get("limit"), tuple(t["subset"]) if t.get("subset") else None,
+                                 t.get("max_new_tokens")) for t in d["tasks"]),
+            methods=tuple(MethodSetting(m["rule"], tuple(m["params"].items())) for m in d["methods"]),
+            seeds=tuple(d["seeds"]),
+            temperature=d["temperature"],
+            sampling=tuple(sorted(d.get("sampling", {}).items())),
+            gamma=d["gamma"],
+            max_new_tokens=d["max_new_tokens"],
+            target=d["target"],
+            draft=d.get("draft"),
+            drafter=d["drafter"],
+            dtype=d["dtype"],
+            threads=d.get("threads"),
+            pair_baselines=d.get("pair_baselines", True),
+        )
+
+    def restricted(self, limit: int | None = None, tasks: Sequence[str] | None = None,
+                   seeds: Sequence[int] | None = None) -> SweepConfig:
+        """The same sweep with ``limit`` problems per task at most, only ``tasks``, only ``seeds``."""
+        specs = list(self.tasks)
+        if tasks:
+            unknown = set(tasks) - {t.name for t in specs}
+            if unknown:
+                raise ValueError(f"task(s) {', '.join(sorted(unknown))} not in the config "
+                                 f"({', '.join(t.name for t in specs)})")
+            specs = [t for t in specs if t.name in tasks]
+        if limit is not None:
+            specs = [TaskSpec(t.name, limit if t.limit is None else min(t.limit, limit), t.subset, t.max_new_tokens)
+                     for t in specs]
+        new_seeds = self.seeds if seeds is None else tuple(int(s) for s in seeds)
+        return _replace(self, tasks=tuple(specs), seeds=new_seeds)
+
+
+def _replace(cfg: SweepConfig, **changes: object) -> SweepConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)  # type: ignore[arg-type]
+
+
+def _check_keys(where: str, got: Mapping, allowed: set[str]) -> None:
+    unknown = set(got) - allowed
+    if unknown:
+        raise ValueError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}; allowed: "
+                         f"{', '.join(sorted(allowed))}")
+
+
+def _int(name: str, v: object, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def parse_config(data: Mapping[str, Any]) -> SweepConfig:
+    """Validate a config mapping (the parsed TOML) into a :class:`SweepConfig` (ValueError on any problem)."""
+    _check_keys("the config", data, _TOP_KEYS)
+    models = data.get("models", {})
+    _check_keys("[models]", models, _MODEL_KEYS)
+    tasks = []
+    for i, t in enumerate(data.get("tasks", [])):
+        _check_keys(f"[[tasks]] #{i + 1}", t, _TASK_KEYS)
+        if "name" not in t:
+            raise ValueError(f"[[tasks]] #{i + 1} has no name")
+        limit = t.get("limit")
+        if limit is not None:
+            limit = _int(f"limit of task {t['name']!r}", limit, 0)
+        subset = t.get("subset")
+        if subset is not None:
+            subset = (subset,) if isinstance(subset, str) else tuple(str(s) for s in subset)
+        mnt = t.get("max_new_tokens")
+        if mnt is not None:
+            mnt = _int(f"max_new_tokens of task {t['name']!r}", mnt, 1)
+        tasks.append(TaskSpec(str(t["name"]), limit, subset, mnt))
+    if not tasks:
+        raise ValueError("the config has no [[tasks]]")
+    raw = []
+    for i, m in enumerate(data.get("methods", [])):
+        _check_keys(f"[[methods]] #{i + 1}", m, _METHOD_KEYS)
+        if "rule" not in m:
+            raise ValueError(f"[[methods]] #{i + 1} has no rule")
+        raw.append((str(m["rule"]), m.get("params")))
+    if not raw:
+        raise ValueError("the config has no [[methods]]")
+    pair = bool(data.get("pair_baselines", True))
+    methods = tuple(expand_methods(raw, pair))
+    seeds = data.get("seeds", PAPER_SEEDS)
+    seeds = tuple(_int("seed", s, 0) for s in ([seeds] if isinstance(seeds, int) else seeds))
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {list(seeds)}")
+    temperature = float(data.get("temperature", 0.7))
+    sampling = dict(data.get("sampling", {}))
+    if "temperature" in sampling:
+        temperature = float(sampling.pop("temperature"))
+    drafter = str(models.get("drafter", "model"))
+    if drafter not in ("model", "ngram", "none"):
+        raise ValueError(f"drafter must be model, ngram or none, got {drafter!r}")
+    dtype = str(models.get("dtype", "bfloat16"))
+    if dtype not in ("bfloat16", "float32", "float16"):
+        raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
+    threads = models.get("threads")
+    cfg = SweepConfig(
+        name=str(data.get("name", "sweep")),
+        tasks=tuple(tasks),
+        methods=methods,
+        seeds=seeds,
+        temperature=temperature,
+        sampling=tuple(sorted(sampling.items())),
+        gamma=_int("gamma", data.get("gamma", 5), 0),
+        max_new_tokens=_int("max_new_tokens", data.get("max_new_tokens", 256), 1),
+        target=str(models.get("target", SweepConfig.target)),
+        draft=None if models.get("draft", SweepConfig.draft) is None else str(models.get("draft", SweepConfig.draft)),
+        drafter=drafter,
+        dtype=dtype,
+        threads=None if threads is None else _int("threads", threads, 1),
+        pair_baselines=pair,
+        raw_methods=tuple(raw),
+    )
+    cfg.sampling_config()  # validates temperature and the [sampling] table
+    return cfg
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a TOML sweep config."""
+    with open(path, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    return parse_config(data)
+
+
+# ---------------------------------------------------------------------------------------------- work units
+
+
+def generation_seed(seed: int, task: str, problem_id: str) -> int:
+    """The engine seed of a unit: a hash of (seed, task, problem id), the same for every method."""
+    digest = hashlib.sha256(f"{seed}\x00{task}\x00{problem_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One generation + grade: a pure function of its fields (and the models named in ``settings``)."""
+
+    task: str
+    problem_id: str
+    method: MethodSetting
+    seed: int
+    settings_json: str = "{}"
+
+    @property
+    def key(self) -> str:
+        """Unique within a run directory: ``task|problem|method label|seed``."""
+        return f"{self.task}|{self.problem_id}|{self.method.label}|s{self.seed}"
+
+    @property
+    def gen_seed(self) -> int:
+        return generation_seed(self.seed, self.task, self.problem_id)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return json.loads(self.settings_json)
+
+
+def expand(cfg: SweepConfig, problem_ids: Mapping[str, Sequence[str]]) -> list[WorkUnit]:
+    """The grid: for each seed, task, problem (in load order) and method setting, one unit.
+
+    ``problem_ids[task]`` lists the problems of each task (after limit/subset). Ordering puts all methods of
+    one (seed, problem) next to each other, so matched pairs complete together when a run is cut short.
+    """
+    units = []
+    for seed in cfg.seeds:
+        for spec in cfg.tasks:
+            settings_json = json.dumps(cfg.settings(spec.name), sort_keys=True)
+            for pid in problem_ids[spec.name]:
+                for m in cfg.methods:
+                    units.append(WorkUnit(spec.name, str(pid), m, seed, settings_json))
+    keys = [u.key for u in units]
+    if len(set(keys)) != len(keys):
+        raise ValueError("the grid has duplicate unit keys (a task listed twice, or duplicate problem ids)")
+    return units
+
+
+def grid_size(cfg: SweepConfig, problem_ids: Mapping[str, Sequence[str]]) -> int:
+    return len(cfg.seeds) * len(cfg.methods) * sum(len(problem_ids[t.name]) for t in cfg.tasks)
+
+
+def is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,141 @@
+"""Offline estimator on tiny models (vocab 64, full distributions: no top-k approximation).
+
+The check against measured acceptance is exact, not approximate: on the engine's own outputs, every reached
+draft position is a Bernoulli(alpha_t) trial given the past, where alpha_t is the estimator's acceptance
+computed from the distributions logged along that output (see ``verispec.eval.estimator``). So
+Z = (accepted - sum alpha_t) / sqrt(sum alpha_t (1 - alpha_t)) is approximately standard normal (martingale
+CLT, ~1000 trials per rule here); the tolerance is |Z| < 4 (two-sided false-alarm rate ~6e-5), with fixed seeds.
+The same statistic computed with the WRONG rule must be far outside that band, so the test can fail.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verispec.analysis import acceptance_probability
+from verispec.backends.hf import HFBackend
+from verispec.drafters import ModelDrafter
+from verispec.engine import SpeculativeEngine
+from verispec.eval.estimator import (
+    DistLog,
+    be_iid,
+    be_trajectory,
+    estimate,
+    log_distributions,
+    position_stats,
+    round_check,
+)
+from verispec.processors import SamplingConfig
+from verispec.rules import get
+from verispec.testing import tiny_qwen
+
+CFG = SamplingConfig(temperature=0.7)
+RUNS, NEW, GAMMA = 30, 40, 3
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_qwen(1, vocab_size=64, logit_scale=3.0), tiny_qwen(2, vocab_size=64, logit_scale=3.0)
+
+
+def _runs(pair, rule, n=RUNS):
+    target, draft = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    gen = torch.Generator().manual_seed(11)
+    out = []
+    for s in range(n):
+        prompt = torch.randint(0, 64, (6,), generator=gen).tolist()
+        out.append((f"run{s}", prompt, eng.generate(prompt, rule=rule, sampling=CFG, gamma=GAMMA,
+                                                     max_new_tokens=NEW, seed=s)))
+    return out
+
+
+def _z(log, runs, rule):
+    e = v = 0.0
+    o = n = 0
+    for (_, _, res), traj in zip(runs, log.trajectories, strict=True):
+        a, b, c, d = round_check(position_stats(traj, rule)["alpha"], res.metrics.per_round)
+        e, v, o, n = e + a, v + b, o + c, n + d
+    assert n == sum(min(a + 1, d) for res in (r for _, _, r in runs) for d, a in res.metrics.per_round)
+    return (o - e) / math.sqrt(v), n
+
+
+@pytest.mark.parametrize("rule, wrong", [
+    (get("lossless"), get("lenience", l=0.5)),
+    (get("spec-cascade", p_base=0.3), get("lossless")),
+])
+def test_expected_acceptance_matches_engine(pair, rule, wrong):
+    runs = _runs(pair, rule)
+    log = log_distributions(*pair, [(k, p, r.token_ids) for k, p, r in runs], CFG, top_k=None)
+    z, trials = _z(log, runs, rule)
+    assert trials > 800
+    assert abs(z) < 4, f"estimator vs measured acceptance: z = {z:.2f} over {trials} trials"
+    z_wrong, _ = _z(log, runs, wrong)
+    assert abs(z_wrong) > 6, f"the check has no power: the wrong rule gives z = {z_wrong:.2f}"
+
+
+def test_log_contents_topk_and_roundtrip(pair, tmp_path):
+    target, draft = pair
+    prompt, cont = [1, 2, 3, 4], [5, 9, 13, 2, 7, 7, 30, 41]
+    dense = log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=None)
+    t = dense.trajectories[0]
+    assert t.p.shape == (8, 65) and t.index is None
+    assert torch.allclose(t.p.sum(-1), torch.ones(8, dtype=torch.float64))
+    assert torch.all(t.p[:, -1] == 0)
+    # the logged p at position i is the target's processed distribution given prompt + cont[:i]
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt + cont[:3]])).logits[0, -1]
+    ref = torch.softmax(logits.double() / 0.7, -1)
+    assert torch.allclose(t.p[3, :64], ref, atol=1e-5)
+
+    small = log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=4)
+    s = small.trajectories[0]
+    assert s.index.shape == (8, 8) and s.p.shape == (8, 9)
+    assert torch.allclose(s.p.sum(-1), torch.ones(8, dtype=torch.float64))
+    assert torch.allclose(s.q.sum(-1), torch.ones(8, dtype=torch.float64))
+    # stored columns carry both exact probabilities; no id twice
+    for row in range(8):
+        ids = s.index[row][s.index[row] >= 0].long()
+        assert len(set(ids.tolist())) == len(ids)
+        assert torch.allclose(s.p[row, : len(ids)], t.p[row, ids])
+        assert torch.allclose(s.q[row, : len(ids)], t.q[row, ids])
+    # lossless acceptance with the lumped tail: error in [0, min(P_other, Q_other)]
+    exact = acceptance_probability("lossless", t.p, t.q)
+    approx = position_stats(s, "lossless")["alpha"]
+    err = approx - exact
+    assert torch.all(err >= -1e-12)
+    assert torch.all(err <= torch.minimum(s.p[:, -1], s.q[:, -1]) + 1e-12)
+
+    path = tmp_path / "d.pt"
+    small.save(path)
+    back = DistLog.load(path)
+    assert back.top_k == 4 and back.keys() == {"a"} and torch.equal(back.trajectories[0].p, s.p)
+    # logging again skips known keys
+    assert len(log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=4, log=back).trajectories) == 1
+
+
+def test_be_formulas():
+    assert be_iid(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    # alpha = 1: rounds of gamma accepted + bonus until the end (L = 12, gamma = 5: 2 rounds, 10 accepted)
+    assert be_trajectory([1.0] * 12, 5) == pytest.approx((10.0, 2.0))
+    # alpha = 0: one token per round, nothing accepted
+    assert be_trajectory([0.0] * 7, 4) == pytest.approx((0.0, 7.0))
+    # constant alpha on a long trajectory: renewal reward -> the i.i.d. value
+    acc, rounds = be_trajectory([0.6] * 3000, 4)
+    assert acc / rounds == pytest.approx(be_iid(0.6, 4), rel=2e-3)
+
+
+def test_estimate_rows_and_kl_to_matched_baseline(pair):
+    runs = _runs(pair, get("lossless"), 5)
+    log = log_distributions(*pair, [(k, p, r.token_ids) for k, p, r in runs], CFG, top_k=None)
+    rows = estimate(log, ["lossless", get("minp-sampling", p_base=0.3), get("spec-cascade", p_base=0.3),
+                          get("cos-we", lam=0.5)], GAMMA)
+    by = {r["rule"].split("(")[0]: r for r in rows}
+    assert by["lossless"]["kl"] == pytest.approx(0, abs=1e-12)
+    assert by["minp-sampling"]["kl"] == pytest.approx(0, abs=1e-12)  # lossless w.r.t. its truncated target
+    assert by["spec-cascade"]["kl"] > 1e-3 and by["cos-we"]["tv"] > 1e-3
+    for r in rows:
+        assert 0 <= r["alpha"] <= 1 and r["positions"] == 5 * NEW and r["q_other_max"] == 0

@@ -1,0 +1,238 @@
+"""Sweeps: config parsing, grid expansion with automatic matched baselines, crash-safe resume."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from verispec.eval import runner
+from verispec.eval.runner import RESULTS, read_results, run_sweep
+from verispec.eval.sweep import PRESETS, expand, generation_seed, load_config, parse_config, setting
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cfg(**over):
+    base = {
+        "name": "t",
+        "seeds": [0, 1],
+        "tasks": [{"name": "toy", "limit": 2}],
+        "methods": [
+            {"rule": "spec-cascade", "params": {"p_base": [0.3, 0.5]}},
+            {"rule": "typical", "params": {"epsilon": 0.1}},
+            {"rule": "lenience", "params": {"l": 0.5}},
+            {"rule": "cos-we", "params": {"lambda": 0.5}},
+        ],
+        "models": {"target": "toy"},
+    }
+    base.update(over)
+    return parse_config(base)
+
+
+def test_grid_expansion_adds_matched_baselines():
+    cfg = _cfg()
+    labels = [m.label for m in cfg.methods]
+    assert labels == [
+        "minp-sampling(p_base=0.3)", "spec-cascade(p_base=0.3)",
+        "minp-sampling(p_base=0.5)", "spec-cascade(p_base=0.5)",
+        "eta-sampling(epsilon=0.1)", "typical(epsilon=0.1)",
+        "lossless", "lenience(l=0.5)", "cos-we(lam=0.5)",
+    ]
+    # every lossy setting's matched baseline is in the grid, and it is the one rules.matched_baseline gives
+    for m in cfg.methods:
+        if not m.lossless:
+            assert m.baseline() in cfg.methods
+    assert setting("spec-cascade", p_base=0.7).baseline().label == "minp-sampling(p_base=0.7)"
+    assert setting("typical", epsilon=0.2).baseline().label == "eta-sampling(epsilon=0.2)"
+    assert setting("cos-we", lam=0.2).baseline().label == "lossless"
+    # defaults and defaults of non-swept parameters: same unit whether spelled out or not
+    assert setting("spec-cascade", p_base=0.3, correction="draft") == setting("spec-cascade", p_base=0.3)
+    assert setting("spec-cascade", p_base=0.3, correction="target").label == \
+        "spec-cascade(p_base=0.3, correction_source=target)"
+
+    units = expand(cfg, {"toy": ["toy/0", "toy/1"]})
+    assert len(units) == 2 * 2 * len(cfg.methods)
+    assert len({u.key for u in units}) == len(units)
+    # the generation seed depends on (seed, task, problem) only: every method shares the random numbers
+    seeds = {(u.seed, u.problem_id): set() for u in units}
+    for u in units:
+        seeds[(u.seed, u.problem_id)].add(u.gen_seed)
+        assert u.gen_seed == generation_seed(u.seed, u.task, u.problem_id)
+    assert all(len(s) == 1 for s in seeds.values())
+    assert len({next(iter(s)) for s in seeds.values()}) == 4
+
+
+def test_no_pairing_presets_and_lossless_not_duplicated():
+    cfg = _cfg(pair_baselines=False)
+    assert "lossless" not in [m.label for m in cfg.methods]
+    assert "minp-sampling(p_base=0.3)" not in [m.label for m in cfg.methods]
+    cfg = _cfg(methods=[{"rule": "lossless"}, {"rule": "spec-cascade", "params": "paper"},
+                        {"rule": "minp-sampling", "params": {"p_base": 0.3}}, {"rule": "lenience", "params": "paper"}])
+    labels = [m.label for m in cfg.methods]
+    assert labels.count("lossless") == 1 and labels.count("minp-sampling(p_base=0.3)") == 1
+    p_bases = [m.param_dict()["p_base"] for m in cfg.methods if m.rule == "spec-cascade"]
+    assert p_bases == PRESETS["spec-cascade"]["p_base"]
+    assert [m.param_dict()["l"] for m in cfg.methods if m.rule == "lenience"] == [0.2, 0.4, 0.6, 0.8]
+    assert PRESETS["minp-sampling"]["p_base"] == [0.1, 0.3, 0.5, 0.7, 0.9]
+    assert PRESETS["eta-sampling"]["epsilon"] == [0.05, 0.1, 0.15, 0.2, 0.25]
+    assert cfg.temperature == 0.7 and list(_cfg(seeds=[0, 1, 2]).seeds) == [0, 1, 2]
+    # --limit / --tasks / --seeds
+    two = _cfg(tasks=[{"name": "toy", "limit": 5}, {"name": "toy2"}], seeds=[0, 1, 2])
+    small = two.restricted(limit=3, tasks=["toy2"], seeds=[1])
+    assert [(t.name, t.limit) for t in small.tasks] == [("toy2", 3)] and small.seeds == (1,)
+    assert [(t.name, t.limit) for t in two.restricted(limit=9).tasks] == [("toy", 5), ("toy2", 9)]
+    assert small.methods == two.methods and small.settings() == two.settings()
+    per_task = _cfg(tasks=[{"name": "toy", "max_new_tokens": 7}, {"name": "toy2"}], max_new_tokens=20)
+    assert per_task.max_tokens("toy") == 7 and per_task.max_tokens("toy2") == 20
+    assert per_task.restricted(limit=1).max_tokens("toy") == 7
+    units = expand(per_task, {"toy": ["toy/0"], "toy2": ["toy2/0"]})
+    assert {u.task: u.settings["max_new_tokens"] for u in units} == {"toy": 7, "toy2": 20}
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"methods": [{"rule": "nope"}]}, "unknown rule"),
+    ({"methods": [{"rule": "spec-cascade", "params": {"p_base": 2.0}}]}, "p_base"),
+    ({"methods": [{"rule": "lenience", "params": {"lam": 0.5}}]}, "no parameter"),
+    ({"methods": [{"rule": "lossless", "extra": 1}]}, "unknown key"),
+    ({"tasks": []}, "no \\[\\[tasks\\]\\]"),
+    ({"seeds": [0, 0]}, "distinct"),
+    ({"temperature": -1}, "temperature"),
+    ({"colour": "blue"}, "unknown key"),
+])
+def test_config_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        _cfg(**bad)
+
+
+def test_repo_configs_parse():
+    small = load_config(REPO / "configs" / "paper_small.toml")
+    assert [m.label for m in small.methods] == [
+        "lossless", "lenience(l=0.5)", "cos-we(lam=0.5)", "minp-sampling(p_base=0.3)", "spec-cascade(p_base=0.3)"]
+    assert [(t.name, t.limit) for t in small.tasks] == [("humaneval", 20), ("gsm", 20)]
+    assert list(small.seeds) == [0, 1, 2] and small.temperature == 0.7
+    for name in ("smoke.toml", "paper_grid.toml", "toy.toml"):
+        load_config(REPO / "configs" / name)
+
+
+def _write_toy(path: Path, seeds=(0, 1), limit=4) -> Path:
+    path.write_text(
+        f'name = "resume"\nseeds = {list(seeds)}\ngamma = 3\nmax_new_tokens = 12\n'
+        '[models]\ntarget = "toy"\nthreads = 1\n'
+        f'[[tasks]]\nname = "toy"\nlimit = {limit}\n'
+        '[[methods]]\nrule = "spec-cascade"\nparams = { p_base = 0.3 }\n'
+        '[[methods]]\nrule = "lenience"\nparams = { l = 0.5 }\n'
+    )
+    return path
+
+
+def _child_run(cfg_path: Path, run_dir: Path) -> None:
+    run_sweep(cfg_path, run_dir, progress=False)
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
+    """Run in a subprocess, SIGKILL it after a few lines, cut the last line in half (a kill mid-write), start
+    again: the unit keys are exactly the grid, none twice, earlier lines untouched, outputs as uninterrupted."""
+    N = 2 * 4 * 4  # seeds x problems x settings (spec-cascade, its min-p baseline, lenience, lossless)
+    cfg_path = _write_toy(tmp_path / "toy.toml")
+    run_dir = tmp_path / "run"
+    results = run_dir / RESULTS
+    # a forked child inherits the imported modules and the built toy engine (a fresh interpreter would spend
+    # seconds importing transformers)
+    runner.toy_engine(load_config(cfg_path))
+    proc = multiprocessing.get_context("fork").Process(target=_child_run, args=(cfg_path, run_dir), daemon=True)
+    proc.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.is_alive():
+        if results.exists() and results.read_bytes().count(b"\n") >= 6:
+            break
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed; make the grid larger"
+    data = results.read_bytes()
+    lines = data.split(b"\n")[:-1]
+    assert 6 <= len(lines) < N
+    # simulate a kill in the middle of a write: cut the last line in half
+    kept = b"\n".join(lines[:-1]) + b"\n"
+    results.write_bytes(kept + lines[-1][: len(lines[-1]) // 2])
+    # a reader during the run ignores the partial line
+    assert len(read_results(run_dir)) == len(lines) - 1
+
+    calls = []
+
+    def factory(cfg):
+        calls.append(cfg)
+        return runner.toy_engine(cfg)
+
+    summary = run_sweep(cfg_path, run_dir, engine_factory=factory, progress=False)
+    assert len(calls) == 1
+    assert summary.skipped == len(lines) - 1 and summary.repaired_bytes == len(lines[-1]) // 2
+    assert summary.completed == N - (len(lines) - 1) and summary.failed == 0
+
+    final = results.read_bytes()
+    assert final.startswith(kept), "complete lines written before the kill must stay untouched"
+    raw_keys = [json.loads(x)["key"] for x in final.split(b"\n") if x]
+    cfg = load_config(cfg_path)
+    grid = [u.key for u in expand(cfg, {"toy": [f"toy/{i}" for i in range(4)]})]
+    assert len(raw_keys) == len(set(raw_keys)) == N, "no duplicates"
+    assert set(raw_keys) == set(grid), "exactly the grid: nothing lost"
+
+    # a unit is a pure function of its config: the interrupted-and-resumed run equals an uninterrupted one
+    clean = tmp_path / "clean"
+    run_sweep(cfg_path, clean, progress=False, max_units=len(lines) + 4)
+    a = {r["key"]: r["token_ids"] for r in read_results(run_dir)}
+    b = {r["key"]: r["token_ids"] for r in read_results(clean)}
+    assert len(b) == len(lines) + 4 and all(a[k] == v for k, v in b.items())
+
+    # nothing left to do: a third start runs nothing and does not need an engine
+    again = run_sweep(cfg_path, run_dir, engine_factory=lambda c: pytest.fail("no engine needed"), progress=False)
+    assert again.completed == 0 and again.skipped == N
+    assert results.read_bytes() == final
+
+
+def test_resume_guards(tmp_path):
+    cfg_path = _write_toy(tmp_path / "toy.toml", seeds=(0,), limit=1)
+    run_dir = tmp_path / "run"
+    s = run_sweep(cfg_path, run_dir, progress=False, max_units=1)
+    assert s.completed == 1 and (run_dir / "config.toml").read_text() == cfg_path.read_text()
+    # a different generation setting in the same directory is refused
+    other = tmp_path / "other.toml"
+    other.write_text(cfg_path.read_text().replace("max_new_tokens = 12", "max_new_tokens = 13"))
+    with pytest.raises(ValueError, match="different settings"):
+        run_sweep(other, run_dir, progress=False)
+    # a second runner on the same directory is refused while the first holds the lock
+    with runner._locked(run_dir), pytest.raises(RuntimeError, match="another"):
+        run_sweep(cfg_path, run_dir, progress=False)
+    # --limit / --tasks / --seeds shrink the grid; growing it later resumes into the same directory
+    s = run_sweep(cfg_path, run_dir, progress=False)
+    assert (s.skipped, s.completed) == (1, 3)
+    with pytest.raises(ValueError, match="not in the config"):
+        run_sweep(cfg_path, run_dir, progress=False, tasks=["gsm"])
+
+
+def test_failed_unit_is_logged_and_retried(tmp_path):
+    cfg_path = _write_toy(tmp_path / "toy.toml", seeds=(0,), limit=1)
+    run_dir = tmp_path / "run"
+
+    class Broken:
+        def __init__(self, engine):
+            self.engine, self.tokenizer, self.n = engine, engine.tokenizer, 0
+
+        def generate(self, *a, **k):
+            self.n += 1
+            if self.n == 1:
+                raise RuntimeError("boom")
+            return self.engine.generate(*a, **k)
+
+    s = run_sweep(cfg_path, run_dir, engine_factory=lambda c: Broken(runner.toy_engine(c)), progress=False)
+    assert (s.completed, s.failed) == (3, 1) and "boom" in s.failures[0]
+    assert os.path.getsize(run_dir / "errors.jsonl") > 0
+    s = run_sweep(cfg_path, run_dir, progress=False)
+    assert (s.skipped, s.completed, s.failed) == (3, 1, 0)
+    assert len(read_results(run_dir)) == 4
