@@ -317,5 +317,16 @@ def models_status() -> None:
     models.main(["status"])
 
 
+
+# ----------------------------------------------------------------------------------------------- bench
+def _register_bench() -> None:
+    from .bench_cli import bench
+
+    main.add_command(bench)
+
+
+_register_bench()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
