@@ -1,0 +1,266 @@
+"""Tree attention, tree cache compaction and the tree decoding loop on tiny random Qwen2 models (fp32):
+exact logits, greedy equality with the target, the target's exact sequence law (chi-square), stops."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from verispec.backends.hf import HFBackend
+from verispec.drafters.tree import TreeDrafter
+from verispec.processors import SamplingConfig, history_counts, process
+from verispec.rules import get
+from verispec.testing import tiny_qwen
+from verispec.tree import TokenTree, tree_attention
+from verispec.tree_engine import TreeEngine
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+def fresh_logits(model, seq):
+    with torch.no_grad():
+        return model(torch.tensor([list(seq)])).logits[0, -1]
+
+
+def reference_greedy(model, ids, n):
+    seq = list(ids)
+    for _ in range(n):
+        seq.append(int(fresh_logits(model, seq).argmax()))
+    return seq[len(ids) :]
+
+
+def noisy_copy(model, scale, seed):
+    """A draft that agrees with the target often but not always (exercises later siblings and rejections)."""
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = out.lm_head.weight
+        w.add_(scale * w.std() * torch.randn(w.shape, generator=g))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_qwen(1, vocab_size=64, logit_scale=4)
+
+
+# -- tree attention ------------------------------------------------------------------------------------------
+def test_tree_attention_layout():
+    mask, pos = tree_attention([-1, -1, 0, 2], num_new=4, past_linear=3, feed=2)
+    allowed = mask[0, 0] == 0
+    assert allowed.shape == (6, 9)
+    assert allowed[0].tolist() == [True] * 4 + [False] * 5  # fed linear tokens: causal
+    assert allowed[1].tolist() == [True] * 5 + [False] * 4
+    assert allowed[2, 5:].tolist() == [True, False, False, False]
+    assert allowed[3, 5:].tolist() == [False, True, False, False]
+    assert allowed[5, 5:].tolist() == [True, False, True, True]  # node 3: ancestors 0, 2 and itself
+    assert pos.tolist() == [[3, 4, 5, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_logits_equal_path_logits_and_commit_is_exact(target, attn):
+    """Every node's logits from one tree forward equal a plain forward over its root-to-node path, and after
+    compacting the cache to an accepted path the next logits equal a fresh forward (max abs diff < 1e-4)."""
+    target.config._attn_implementation = attn
+    try:
+        prefix = [3, 1, 4, 1, 5, 9, 2]
+        tokens = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+        parents = [-1, -1, -1, 0, 0, 1, 3, 3, 6]
+        for committed in ([], [0, 3, 6, 8], [1, 5], [2]):
+            b = HFBackend(target)
+            b.extend(prefix[:4], 1)
+            logits = b.tree_forward(prefix[4:], tokens, parents)
+            assert logits.shape == (len(tokens) + 1, 64)
+            assert (logits[0] - fresh_logits(target, prefix)).abs().max() < 1e-4
+            tree = TokenTree(tokens, parents)
+            for node in range(len(tokens)):
+                ref = fresh_logits(target, prefix + tree.path_tokens(node))
+                assert (logits[node + 1] - ref).abs().max() < 1e-4, node
+            b.commit_tree(committed)
+            hist = prefix + [tokens[n] for n in committed]
+            assert b.tokens == hist
+            nxt = b.extend([7], 1)[0]
+            assert (nxt - fresh_logits(target, hist + [7])).abs().max() < 1e-4
+            assert b.sync(hist + [7, 8]) == [8]  # the committed path is plain history now
+    finally:
+        target.config._attn_implementation = "sdpa"
+
+
+def test_tree_forward_by_levels_equals_one_forward(target):
+    """The draft scores a tree level by level (earlier levels cached): same logits as one forward."""
+    prefix = [5, 6, 7, 8]
+    tokens = [20, 21, 22, 23, 24, 25]
+    parents = [-1, -1, 0, 0, 1, 3]
+    one = HFBackend(target)
+    one.extend(prefix[:-1], 1)
+    full = one.tree_forward(prefix[-1:], tokens, parents)[1:]
+    lv = HFBackend(target)
+    lv.extend(prefix, 1)
+    rows = [lv.tree_forward([], tokens[:2], parents[:2]), lv.tree_forward([], tokens[2:5], parents[2:5])]
+    rows.append(lv.tree_forward([], tokens[5:], parents[5:]))
+    assert (torch.cat(rows) - full).abs().max() < 1e-4
+    lv.commit_tree([0, 3, 5])
+    assert (lv.extend([9], 1)[0] - fresh_logits(target, prefix + [20, 23, 25, 9])).abs().max() < 1e-4
+    with pytest.raises(ValueError):
+        one.commit_tree([1, 2])  # not a root-down path
+
+
+# -- greedy equality -----------------------------------------------------------------------------------------
+def test_tree_greedy_equals_target_greedy(target):
+    drafts = {"noisy": noisy_copy(target, 0.8, 0), "other": tiny_qwen(2, vocab_size=64, logit_scale=4)}
+    settings = [
+        dict(depth=1, top_k=1),
+        dict(depth=2, top_k=2),
+        dict(depth=4, top_k=2),
+        dict(depth=3, top_k=3, sample=True),  # sampling is ignored at temperature 0 (token-only)
+        dict(depth=5, top_k=3, budget=8),
+        dict(depth=4, top_k=2, budget=5, width=1),
+    ]
+    gen = torch.Generator().manual_seed(0)
+    accepted = 0
+    for trial in range(4):
+        prompt = torch.randint(0, 64, (5 + trial,), generator=gen).tolist()
+        ref = reference_greedy(target, prompt, 20)
+        for name, draft in drafts.items():
+            eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(draft)))
+            for kw in settings:
+                out = eng.generate(prompt, sampling=GREEDY, max_new_tokens=20, **kw)
+                assert out.token_ids == ref, (trial, name, kw)
+                assert out.finish_reason == "length" and out.metrics.new_tokens == 20
+                m = out.metrics
+                assert m.tokens_per_round == pytest.approx(1 + m.block_efficiency)
+                accepted += m.accepted
+    assert accepted > 0  # not a vacuous pass: drafted tokens were accepted
+
+
+def test_self_draft_accepts_full_depth(target):
+    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)))
+    out = eng.generate([1, 2, 3], sampling=GREEDY, depth=3, top_k=2, max_new_tokens=17)
+    m = out.metrics
+    # 4 rounds of 3 accepted + bonus (16 tokens), then one target-only round for the 17th
+    assert (m.rounds, m.accepted) == (5, 12)
+    assert m.acceptance_per_position == [1.0, 1.0, 1.0]
+    assert m.nodes_per_target_call == pytest.approx((4 * 14 + 0) / 5)
+    assert out.token_ids == reference_greedy(target, [1, 2, 3], 17)
+
+
+def test_noisy_draft_accepts_non_first_children(target):
+    """With top-k 3 the walk accepts second/third candidates, which a chain draft could not."""
+    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(noisy_copy(target, 1.5, 1))))
+    greedy_first = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(noisy_copy(target, 1.5, 1))))
+    prompt = [9, 8, 7, 6]
+    a = eng.generate(prompt, sampling=GREEDY, depth=4, top_k=3, max_new_tokens=40).metrics
+    b = greedy_first.generate(prompt, sampling=GREEDY, depth=4, top_k=1, max_new_tokens=40).metrics
+    assert a.block_efficiency > b.block_efficiency
+
+
+# -- exact sequence law --------------------------------------------------------------------------------------
+V_SMALL = 5
+N_SEQ = 1500
+ALPHA = 1e-4
+
+
+def exact_law(model, cfg, prompt, length, rule):
+    """The law the target alone samples (p_Theta = rule.target(p) per position), by enumeration with plain
+    forwards: the product of per-position probabilities over every continuation."""
+    out = {}
+
+    def walk(seq, prob):
+        if len(seq) - len(prompt) == length:
+            out[tuple(seq[len(prompt) :])] = prob
+            return
+        counts = history_counts(torch.zeros(V_SMALL, dtype=torch.long), torch.tensor(seq))[-1]
+        p = rule.target(process(fresh_logits(model, seq), cfg, counts))
+        for x in torch.nonzero(p > 0).flatten().tolist():
+            walk(seq + [x], prob * float(p[x]))
+
+    walk(list(prompt), 1.0)
+    return out
+
+
+@pytest.mark.parametrize(
+    "rule, cfg, kw",
+    [
+        ("lossless", SamplingConfig(temperature=1.0), dict(depth=2, top_k=2)),
+        ("lossless", SamplingConfig(temperature=1.0, repetition_penalty=1.8), dict(depth=2, top_k=2, sample=True)),
+        (get("minp-sampling", p_base=0.1), SamplingConfig(temperature=1.0), dict(depth=3, top_k=2, budget=4)),
+    ],
+)
+def test_tree_sampled_output_matches_target_law(rule, cfg, kw):
+    """Chi-square goodness of fit, N = 1500 continuations of 3 tokens (vocabulary 5), alpha = 1e-4, bins with
+    expected count < 5 pooled; a sampled continuation of exact probability zero fails at once."""
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    rule = get(rule) if isinstance(rule, str) else rule
+    prompt, length = [1, 3, 2], 3
+    exact = exact_law(target, cfg, prompt, length, rule)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-12)
+    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(draft)))
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = 0
+    for seed in range(N_SEQ):
+        out = eng.generate(prompt, rule=rule, sampling=cfg, max_new_tokens=length, seed=seed, **kw)
+        key = tuple(out.token_ids)
+        assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
+        counts[key] = counts.get(key, 0) + 1
+        accepted += out.metrics.accepted
+    assert accepted > N_SEQ // 4  # the tree path was really exercised
+    keys = sorted(exact, key=lambda k: -exact[k])
+    expected = np.array([exact[k] * N_SEQ for k in keys])
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
+# -- caches and stops ----------------------------------------------------------------------------------------
+def test_caches_after_rounds_match_fresh_forward(target):
+    draft = noisy_copy(target, 1.0, 2)
+    t_b, d_b = HFBackend(target), HFBackend(draft)
+    eng = TreeEngine(t_b, TreeDrafter(d_b))
+    prompt = [3, 1, 4, 1, 5]
+    for seed, kw in enumerate([dict(depth=4, top_k=2), dict(depth=4, top_k=3, budget=7), dict(sample=True)]):
+        out = eng.generate(prompt, sampling=SamplingConfig(temperature=1.0), max_new_tokens=15, seed=seed, **kw)
+        committed = prompt + out.token_ids
+        for backend, model in ((t_b, target), (d_b, draft)):
+            feed = backend.sync(committed)
+            assert backend.tokens == committed[: len(committed) - len(feed)]
+            assert (backend.extend(feed, 1)[0] - fresh_logits(model, committed)).abs().max() < 1e-4
+
+
+class _ToyTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_stops_and_limits(target):
+    prompt = [1, 2, 3]
+    ref = reference_greedy(target, prompt, 30)
+    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)))
+    for n in (1, 2, 5, 7):  # never exceeds max_new_tokens even with a fully accepted deep tree
+        out = eng.generate(prompt, sampling=GREEDY, depth=5, top_k=2, max_new_tokens=n)
+        assert out.token_ids == ref[:n] and out.finish_reason == "length"
+    eos = ref[5]
+    k = ref.index(eos)
+    eng_eos = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)), eos_token_ids=[eos])
+    out = eng_eos.generate(prompt, sampling=GREEDY, depth=4, top_k=2, max_new_tokens=30)
+    assert out.token_ids == ref[: k + 1] and out.finish_reason == "stop"
+    eng_txt = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)), tokenizer=_ToyTokenizer())
+    stop = _ToyTokenizer().decode(ref[6:8])
+    out = eng_txt.generate(prompt, sampling=GREEDY, depth=4, top_k=2, max_new_tokens=30, stop=[stop])
+    full = _ToyTokenizer().decode(ref)
+    assert out.finish_reason == "stop" and out.text == full[: full.find(stop)]
+    small = tiny_qwen(1, vocab_size=64, logit_scale=4, max_context=12)
+    eng_ctx = TreeEngine(HFBackend(small), TreeDrafter(HFBackend(small)))
+    out = eng_ctx.generate(prompt, sampling=GREEDY, depth=4, top_k=2, max_new_tokens=30)
+    assert len(prompt) + len(out.token_ids) == 12 and out.finish_reason == "length"
+    assert out.token_ids == reference_greedy(small, prompt, 9)
+    with pytest.raises(ValueError):
+        eng.generate(prompt, rule="lenience")  # not a tree rule

