@@ -16,7 +16,7 @@ from .rules import Rule, get
 
 __all__ = ["DRAFTERS", "generate", "load_engine"]
 
-DRAFTERS = ("model", "ngram", "none")
+DRAFTERS = ("model", "ngram", "tree", "none")
 _ENGINES: dict[tuple, SpeculativeEngine] = {}
 
 
@@ -40,7 +40,9 @@ def load_engine(
 ) -> SpeculativeEngine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
-    ``drafter``: "model" (the draft model), "ngram" (prompt lookup, no draft model) or "none" (target only).
+    ``drafter``: "model" (the draft model, chain), "tree" (the draft model, token trees verified in one target
+    forward with tree attention; a :class:`~verispec.tree_engine.TreeEngine`), "ngram" (prompt lookup, no draft
+    model) or "none" (target only).
     A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
     """
     if drafter not in DRAFTERS:
@@ -52,15 +54,20 @@ def load_engine(
         return _ENGINES[key]
     t_model, tok = models.load_model(target, dtype=dtype)
     draft_impl = None
-    if drafter == "model":
+    eos = _eos_ids(t_model, tok, os.fspath(target))
+    if drafter in ("model", "tree"):
         if draft is None:
-            raise ValueError("drafter 'model' needs a draft model")
+            raise ValueError(f"drafter {drafter!r} needs a draft model")
         d_model, d_tok = models.load_model(draft, dtype=dtype)
         models.check_same_vocab(tok, d_tok, t_model.config, d_model.config)
         draft_impl = ModelDrafter(HFBackend(d_model))
     elif drafter == "ngram":
         draft_impl = NgramDrafter()
-    engine = SpeculativeEngine(HFBackend(t_model), draft_impl, tok, _eos_ids(t_model, tok, os.fspath(target)))
+    engine = SpeculativeEngine(HFBackend(t_model), draft_impl, tok, eos)
+    if drafter == "tree":
+        from .tree_engine import TreeEngine
+
+        engine = TreeEngine.from_engine(engine)
     if cache:
         _ENGINES[key] = engine
     return engine

@@ -231,7 +231,11 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
 @click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
-@click.option("--drafter", type=click.Choice(["model", "ngram"]), default="model", show_default=True)
+@click.option("--drafter", type=click.Choice(["model", "ngram", "tree"]), default="model", show_default=True,
+              help="model: chain from the draft model; tree: token tree (depth = --gamma); ngram: prompt lookup.")
+@click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
+@click.option("--tree-budget", default=None, type=click.IntRange(min=1),
+              help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")
 @click.option("--gamma", default="5", show_default=True, help="Draft length, or 'auto' (adaptive per round).")
 @click.option("--temperature", default=0.7, show_default=True, type=float, help="0 means greedy.")
@@ -249,7 +253,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
-             params: tuple[str, ...], drafter: str, no_draft: bool, gamma: str, temperature: float,
+             params: tuple[str, ...], drafter: str, tree_top_k: int, tree_budget: int | None, no_draft: bool,
+             gamma: str, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
              stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, as_json: bool) -> None:
@@ -268,8 +273,13 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
                              presence_penalty=presence_penalty)
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
                              "none" if no_draft else drafter, dtype, threads)
+        extra: dict = {}
+        if drafter == "tree" and not no_draft:
+            if gamma_v == "auto":
+                raise ValueError("--gamma auto is for chain drafting; give the tree depth as an integer")
+            extra = {"top_k": tree_top_k, "budget": tree_budget}
         result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=0 if no_draft else gamma_v,
-                                 max_new_tokens=max_new_tokens, stop=stop, seed=seed, chat=chat)
+                                 max_new_tokens=max_new_tokens, stop=stop, seed=seed, chat=chat, **extra)
     except (ValueError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
