@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec import SamplingConfig, load_engine, models
+from verispec.api import _llamacpp_backend
 from verispec.drafters import ModelDrafter, NgramDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.eval.tasks import get_task
+from verispec.tree_engine import TreeEngine
 
 
 @dataclass
@@ -66,7 +68,7 @@ def hf_generate(model, ids: list[int], cfg: SamplingConfig, seed: int, eos: list
     return Run(out[0, len(ids) :].tolist(), dt)
 
 
-def engine_run(engine: SpeculativeEngine, gamma: int) -> Callable[[list[int], SamplingConfig, int], Run]:
+def engine_run(engine: SpeculativeEngine, gamma: int | str) -> Callable[[list[int], SamplingConfig, int], Run]:
     def fn(ids: list[int], cfg: SamplingConfig, seed: int) -> Run:
         res = engine.generate(ids, sampling=cfg, gamma=gamma, max_new_tokens=ARGS.max_new_tokens, seed=seed)
         m = res.metrics
@@ -90,15 +92,16 @@ def main() -> None:
         Contender("verispec-chain", engine_run(base, ARGS.gamma)),
         Contender("verispec-ngram", engine_run(SpeculativeEngine(target, NgramDrafter(), tok, eos), ARGS.gamma)),
     ]
+    if ARGS.tree:
+        tree = TreeEngine.from_engine(base, depth=ARGS.gamma - 1, top_k=2)
+        contenders.append(Contender("verispec-tree", engine_run(tree, ARGS.gamma - 1)))
     if ARGS.llamacpp_draft:
         try:
-            from verispec.backends.llamacpp import LlamaCppBackend
-
-            lc = LlamaCppBackend(str(models.gguf_path(models.DEFAULT_DRAFT)), n_threads=ARGS.threads,
-                                 vocab_size=target.vocab_size)
-            contenders.append(Contender("verispec-chain-llamacpp-draft",
-                                        engine_run(SpeculativeEngine(target, ModelDrafter(lc), tok, eos), ARGS.gamma)))
-        except Exception as exc:  # noqa: BLE001 - optional contender, report and go on
+            lc = ModelDrafter(_llamacpp_backend(models.DEFAULT_DRAFT, target.vocab_size, ARGS.threads))
+            lc_engine = SpeculativeEngine(target, lc, tok, eos)
+            contenders.append(Contender("verispec-chain-llamacpp", engine_run(lc_engine, ARGS.gamma)))
+            contenders.append(Contender("verispec-chain-llamacpp-auto", engine_run(lc_engine, "auto")))
+        except (ImportError, OSError, ValueError) as exc:  # optional contender: report and go on
             print(f"(llama.cpp draft unavailable: {exc})", file=sys.stderr)
 
     problems = get_task("humaneval").load(limit=ARGS.prompts)
@@ -172,6 +175,7 @@ if __name__ == "__main__":
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--sampled", action=argparse.BooleanOptionalAction, default=True, help="also run T=0.7")
     ap.add_argument("--llamacpp-draft", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True, help="tree: depth gamma-1, top-2")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ARGS = ap.parse_args()
     main()

@@ -231,8 +231,9 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
 @click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
-@click.option("--drafter", type=click.Choice(["model", "ngram", "tree"]), default="model", show_default=True,
-              help="model: chain from the draft model; tree: token tree (depth = --gamma); ngram: prompt lookup.")
+@click.option("--drafter", type=click.Choice(["model", "llamacpp", "ngram", "tree"]), default="model",
+              show_default=True, help="model: chain from the draft model; llamacpp: the same draft run by llama.cpp "
+              "(pip install -r requirements-fast.txt); tree: token tree (depth = --gamma); ngram: prompt lookup.")
 @click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
 @click.option("--tree-budget", default=None, type=click.IntRange(min=1),
               help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")
@@ -280,7 +281,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
             extra = {"top_k": tree_top_k, "budget": tree_budget}
         result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=0 if no_draft else gamma_v,
                                  max_new_tokens=max_new_tokens, stop=stop, seed=seed, chat=chat, **extra)
-    except (ValueError, models.ModelError, OSError) as exc:
+    except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
         click.echo(json.dumps(result.to_dict()))
