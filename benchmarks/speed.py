@@ -93,8 +93,9 @@ def main() -> None:
         Contender("verispec-ngram", engine_run(SpeculativeEngine(target, NgramDrafter(), tok, eos), ARGS.gamma)),
     ]
     if ARGS.tree:
-        tree = TreeEngine.from_engine(base, depth=ARGS.gamma - 1, top_k=2)
-        contenders.append(Contender("verispec-tree", engine_run(tree, ARGS.gamma - 1)))
+        # dynamic tree (EAGLE-2 style): the best tokens per target call in the tree measurements
+        tree = TreeEngine.from_engine(base, depth=ARGS.gamma, top_k=3, budget=12)
+        contenders.append(Contender("verispec-tree-dynamic12", engine_run(tree, ARGS.gamma)))
     if ARGS.llamacpp_draft:
         try:
             lc = ModelDrafter(_llamacpp_backend(models.DEFAULT_DRAFT, target.vocab_size, ARGS.threads))
@@ -175,7 +176,8 @@ if __name__ == "__main__":
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--sampled", action=argparse.BooleanOptionalAction, default=True, help="also run T=0.7")
     ap.add_argument("--llamacpp-draft", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True, help="tree: depth gamma-1, top-2")
+    ap.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True,
+                    help="dynamic tree: depth gamma, top-3, 12 nodes")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ARGS = ap.parse_args()
     main()
