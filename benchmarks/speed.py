@@ -24,7 +24,7 @@ import torch
 
 from verispec import SamplingConfig, load_engine, models
 from verispec.api import _llamacpp_backend
-from verispec.drafters import ModelDrafter, NgramDrafter
+from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.eval.tasks import get_task
 from verispec.tree_engine import TreeEngine
@@ -102,6 +102,8 @@ def main() -> None:
             lc_engine = SpeculativeEngine(target, lc, tok, eos)
             contenders.append(Contender("verispec-chain-llamacpp", engine_run(lc_engine, ARGS.gamma)))
             contenders.append(Contender("verispec-chain-llamacpp-auto", engine_run(lc_engine, "auto")))
+            hy_engine = SpeculativeEngine(target, HybridDrafter(lc), tok, eos)
+            contenders.append(Contender("verispec-ngram+llamacpp", engine_run(hy_engine, ARGS.gamma)))
         except (ImportError, OSError, ValueError) as exc:  # optional contender: report and go on
             print(f"(llama.cpp draft unavailable: {exc})", file=sys.stderr)
 

@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 
 from verispec.analysis import sequence_distribution
 from verispec.backends.hf import HFBackend
-from verispec.drafters import ModelDrafter, NgramDrafter
+from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.processors import SamplingConfig, history_counts, process
 from verispec.rules import get
@@ -39,6 +39,7 @@ def test_greedy_equals_target_greedy(pair):
         "model": SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft))),
         "self": SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(target))),
         "ngram": SpeculativeEngine(HFBackend(target), NgramDrafter()),
+        "hybrid": SpeculativeEngine(HFBackend(target), HybridDrafter(ModelDrafter(HFBackend(draft)), min_ngram=1)),
         "none": SpeculativeEngine(HFBackend(target), None),
     }
     gen = torch.Generator().manual_seed(0)
@@ -146,6 +147,22 @@ def test_sampled_continuations_match_exact_distribution(rule, cfg, gamma, length
         assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-12
     eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
     pvalue = _chi2_sequences(eng, rule, cfg, exact, list(prompt), gamma, length)
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
+def test_hybrid_drafter_sampled_law_is_the_target_law():
+    """Rounds alternate between token-only (n-gram) and full-q (model) drafts; lossless must still give the
+    target's sequence law. Chi-square, N = 4000 continuations, alpha = 1e-4, hard failure on zero probability."""
+    cfg = SamplingConfig(temperature=1.0)
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    p_fn, _ = _dist_fns(target, draft, cfg)
+    prompt = (1, 3, 2, 1, 3)  # the suffix "1 3" occurred before: the first round is an n-gram round
+    exact = sequence_distribution("lossless", p_fn, None, 0, 3, prompt)
+    drafter = HybridDrafter(ModelDrafter(HFBackend(draft)), min_ngram=1)
+    eng = SpeculativeEngine(HFBackend(target), drafter)
+    pvalue = _chi2_sequences(eng, get("lossless"), cfg, exact, list(prompt), 2, 3)
+    assert drafter.lookups > 0
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 

@@ -9,14 +9,14 @@ import torch
 
 from . import models
 from .backends.hf import HFBackend
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .engine import GenerationResult, SpeculativeEngine
 from .processors import SamplingConfig
 from .rules import Rule, get
 
 __all__ = ["DRAFTERS", "generate", "load_engine"]
 
-DRAFTERS = ("model", "llamacpp", "ngram", "tree", "none")
+DRAFTERS = ("model", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "tree", "none")
 _ENGINES: dict[tuple, SpeculativeEngine] = {}
 
 
@@ -62,7 +62,8 @@ def load_engine(
     ``drafter``: "model" (the draft model, chain), "tree" (the draft model, token trees verified in one target
     forward with tree attention; a :class:`~verispec.tree_engine.TreeEngine`), "llamacpp" (the draft's GGUF run
     by llama.cpp, about 4x cheaper per draft token on CPU; needs ``requirements-fast.txt``), "ngram" (prompt
-    lookup, no draft model) or "none" (target only).
+    lookup, no draft model), "ngram+model" / "ngram+llamacpp" (prompt lookup when the last tokens occurred
+    before, else that draft; :class:`~verispec.drafters.HybridDrafter`) or "none" (target only).
     A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
     """
     if drafter not in DRAFTERS:
@@ -75,16 +76,18 @@ def load_engine(
     t_model, tok = models.load_model(target, dtype=dtype)
     draft_impl = None
     eos = _eos_ids(t_model, tok, os.fspath(target))
-    if drafter in ("model", "tree"):
+    if drafter in ("model", "tree", "ngram+model"):
         if draft is None:
             raise ValueError(f"drafter {drafter!r} needs a draft model")
         d_model, d_tok = models.load_model(draft, dtype=dtype)
         models.check_same_vocab(tok, d_tok, t_model.config, d_model.config)
         draft_impl = ModelDrafter(HFBackend(d_model))
-    elif drafter == "llamacpp":
+    elif drafter in ("llamacpp", "ngram+llamacpp"):
         draft_impl = ModelDrafter(_llamacpp_backend(draft, t_model.config.vocab_size, threads))
     elif drafter == "ngram":
         draft_impl = NgramDrafter()
+    if drafter.startswith("ngram+"):
+        draft_impl = HybridDrafter(draft_impl)
     engine = SpeculativeEngine(HFBackend(t_model), draft_impl, tok, eos)
     if drafter == "tree":
         from .tree_engine import TreeEngine

@@ -231,9 +231,11 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
 @click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
-@click.option("--drafter", type=click.Choice(["model", "llamacpp", "ngram", "tree"]), default="model",
-              show_default=True, help="model: chain from the draft model; llamacpp: the same draft run by llama.cpp "
-              "(pip install -r requirements-fast.txt); tree: token tree (depth = --gamma); ngram: prompt lookup.")
+@click.option("--drafter", type=click.Choice(["model", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "tree"]),
+              default="model", show_default=True,
+              help="model: chain from the draft model; llamacpp: the same draft run by llama.cpp "
+              "(pip install -r requirements-fast.txt); tree: token tree (depth = --gamma); ngram: prompt lookup; "
+              "ngram+X: prompt lookup when it matches, else X.")
 @click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
 @click.option("--tree-budget", default=None, type=click.IntRange(min=1),
               help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")

@@ -116,6 +116,19 @@ class GenerationResult:
         }
 
 
+class _Progress:
+    """The committed state of one request: ids (prompt + output), the output, token counts, how it ended."""
+
+    def __init__(self, prompt_ids: list[int], cfg: SamplingConfig, vocab: int) -> None:
+        self.prompt_ids, self.cfg = prompt_ids, cfg
+        self.ids, self.new = list(prompt_ids), []
+        self.counts = torch.zeros(vocab, dtype=torch.long)
+        if cfg.uses_history:
+            self.counts.index_add_(0, torch.tensor(prompt_ids), torch.ones(len(prompt_ids), dtype=torch.long))
+        self.finish: str | None = None
+        self.stop_at: int | None = None
+
+
 class SpeculativeEngine:
     """Holds a loaded target (and optionally a drafter) for reuse across requests.
 
@@ -175,35 +188,20 @@ class SpeculativeEngine:
         schedule = AdaptiveGamma(gamma_max) if gamma == "auto" else None
         if schedule is None and (not isinstance(gamma, int) or gamma < 0):
             raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        prompt_ids = self.encode(prompt, chat)
-        if not prompt_ids:
-            raise ValueError("empty prompt")
+        prompt_ids = self._check_prompt(prompt, chat, max_new_tokens)
         limit = self.target.max_context
-        if len(prompt_ids) >= limit:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {limit} tokens")
-        vocab = self.target.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise ValueError(f"prompt token id out of the vocabulary [0, {vocab})")
-
         start = time.perf_counter()
         m = Metrics()
         gen = torch.Generator().manual_seed(seed)
         self.target.reset()
         if self.drafter is not None:
             self.drafter.reset()
-        counts = torch.zeros(vocab, dtype=torch.long)
-        if cfg.uses_history:
-            counts.index_add_(0, torch.tensor(prompt_ids), torch.ones(len(prompt_ids), dtype=torch.long))
+        st = _Progress(prompt_ids, cfg, self.target.vocab_size)
+        counts, ids, new = st.counts, st.ids, st.new
         ctx = DraftContext(cfg=cfg, rule=rule, generator=gen, counts=counts)
         greedy_path = cfg.greedy and rule.lossless
 
-        ids = list(prompt_ids)
-        new: list[int] = []
-        finish: str | None = None
-        stop_at: int | None = None
-        while finish is None:
+        while st.finish is None:
             room = limit - len(ids)
             wanted = schedule.choose() if schedule is not None else gamma
             g = max(min(wanted, max_new_tokens - len(new) - 1, room - 1), 0)
@@ -238,26 +236,48 @@ class SpeculativeEngine:
             if schedule is not None:
                 schedule.update(len(y), n, draft.seconds, t1 - t0)
 
-            for tok in emitted:
-                ids.append(tok)
-                new.append(tok)
-                if cfg.uses_history:
-                    counts[tok] += 1
-                if tok in self.eos_token_ids:
-                    finish = "stop"
-                elif stop and (hit := self._find_stop(new, stop)) is not None:
-                    finish, stop_at = "stop", hit
-                elif len(new) >= max_new_tokens or len(ids) >= limit:
-                    finish = "length"
-                if finish is not None:
-                    break
+            self._commit(st, emitted, stop, max_new_tokens)
+        return self._result(st, m, start)
 
-        m.new_tokens = len(new)
+    # -- pieces shared with the tree loop ------------------------------------------------------------------
+    def _check_prompt(self, prompt: str | Sequence[int], chat: bool, max_new_tokens: int) -> list[int]:
+        """Encode and validate a prompt: not empty, ids in the vocabulary, room left in the context."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        prompt_ids = self.encode(prompt, chat)
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        limit = self.target.max_context
+        if len(prompt_ids) >= limit:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {limit} tokens")
+        vocab = self.target.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_ids):
+            raise ValueError(f"prompt token id out of the vocabulary [0, {vocab})")
+        return prompt_ids
+
+    def _commit(self, st: _Progress, emitted: Sequence[int], stop: Sequence[str], max_new_tokens: int) -> None:
+        """Append a round's tokens one by one, stopping at EOS, a stop string, max_new_tokens or the context."""
+        for tok in emitted:
+            st.ids.append(tok)
+            st.new.append(tok)
+            if st.cfg.uses_history:
+                st.counts[tok] += 1
+            if tok in self.eos_token_ids:
+                st.finish = "stop"
+            elif stop and (hit := self._find_stop(st.new, stop)) is not None:
+                st.finish, st.stop_at = "stop", hit
+            elif len(st.new) >= max_new_tokens or len(st.ids) >= self.target.max_context:
+                st.finish = "length"
+            if st.finish is not None:
+                return
+
+    def _result(self, st: _Progress, m: Metrics, start: float) -> GenerationResult:
+        m.new_tokens = len(st.new)
         m.total_s = time.perf_counter() - start
-        text = self._decode(new)
-        if stop_at is not None:
-            text = text[:stop_at]
-        return GenerationResult(text=text, token_ids=new, finish_reason=finish, metrics=m, prompt_ids=prompt_ids)
+        text = self._decode(st.new)
+        if st.stop_at is not None:
+            text = text[: st.stop_at]
+        return GenerationResult(text, st.new, st.finish or "length", m, st.prompt_ids)
 
     def _find_stop(self, new: list[int], stop: Sequence[str]) -> int | None:
         """Index in the decoded output where the earliest stop string begins, or None."""

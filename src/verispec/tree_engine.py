@@ -20,7 +20,7 @@ import torch
 from .backends.hf import HFBackend
 from .drafters.base import DraftContext
 from .drafters.tree import TreeDrafter
-from .engine import GenerationResult, Metrics, SpeculativeEngine
+from .engine import GenerationResult, Metrics, SpeculativeEngine, _Progress
 from .processors import SamplingConfig, process
 from .rules import Rule, get
 from .tree import TokenTree, TreeVerifyResult, TypicalMode, check_tree_rule, verify_tree
@@ -136,34 +136,20 @@ class TreeEngine(SpeculativeEngine):
         width = dr.width if width is _UNSET else width
         sample = dr.sample if sample is None else sample
         TreeDrafter._check(depth, top_k, budget, width, sample)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_tree_rule(rule)
-        prompt_ids = self.encode(prompt, chat)
-        if not prompt_ids:
-            raise ValueError("empty prompt")
+        prompt_ids = self._check_prompt(prompt, chat, max_new_tokens)
         limit = self.target.max_context
-        if len(prompt_ids) >= limit:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {limit} tokens")
-        vocab = self.target.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise ValueError(f"prompt token id out of the vocabulary [0, {vocab})")
 
         start = time.perf_counter()
         m = TreeMetrics()
         gen = torch.Generator().manual_seed(seed)
         self.target.reset()
         dr.reset()
-        counts = torch.zeros(vocab, dtype=torch.long)
-        if cfg.uses_history:
-            counts.index_add_(0, torch.tensor(prompt_ids), torch.ones(len(prompt_ids), dtype=torch.long))
+        st = _Progress(prompt_ids, cfg, self.target.vocab_size)
+        counts, ids, new = st.counts, st.ids, st.new
         ctx = DraftContext(cfg=cfg, rule=rule, generator=gen, counts=counts)
 
-        ids = list(prompt_ids)
-        new: list[int] = []
-        finish: str | None = None
-        stop_at: int | None = None
-        while finish is None:
+        while st.finish is None:
             room = limit - len(ids)
             d = max(min(depth, max_new_tokens - len(new) - 1, room - 1), 0)
             tree = TokenTree()
@@ -193,23 +179,5 @@ class TreeEngine(SpeculativeEngine):
             m.verify_s += t2 - t1
             m.record_tree_round(tree, res)
 
-            for tok in res.tokens:
-                ids.append(tok)
-                new.append(tok)
-                if cfg.uses_history:
-                    counts[tok] += 1
-                if tok in self.eos_token_ids:
-                    finish = "stop"
-                elif stop and (hit := self._find_stop(new, stop)) is not None:
-                    finish, stop_at = "stop", hit
-                elif len(new) >= max_new_tokens or len(ids) >= limit:
-                    finish = "length"
-                if finish is not None:
-                    break
-
-        m.new_tokens = len(new)
-        m.total_s = time.perf_counter() - start
-        text = self._decode(new)
-        if stop_at is not None:
-            text = text[:stop_at]
-        return GenerationResult(text=text, token_ids=new, finish_reason=finish, metrics=m, prompt_ids=prompt_ids)
+            self._commit(st, res.tokens, stop, max_new_tokens)
+        return self._result(st, m, start)
