@@ -32,6 +32,7 @@ from verispec.rules.collaborative import (
 )
 from verispec.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
 from verispec.rules.truncation import SpecCascade, Typical
+from verispec.testing import RULE_CONFIGS
 
 TOL = 1e-12
 PROPS = settings(
@@ -41,23 +42,6 @@ PROPS = settings(
 P = [0.6, 0.3, 0.1]
 Q = [0.2, 0.5, 0.3]
 
-# one representative parameterization per rule configuration (truncation rules with both corrections)
-RULE_CONFIGS: list[tuple[str, dict[str, object]]] = [
-    ("lossless", {}),
-    ("naive-resample", {}),
-    ("minp-sampling", {"p_base": 0.2}),
-    ("eta-sampling", {"epsilon": 0.1}),
-    ("lenience", {"l": 0.5}),
-    ("cos-we", {"lam": 0.4}),
-    ("cos-cd", {"lam": 0.5}),
-    ("overshoot-ceiling", {"lam": 0.5}),
-    ("adaptive-interpolation", {"lam": 0.5}),
-    ("minp-cap", {"p_base": 0.5, "l": 0.5}),
-    ("spec-cascade", {"p_base": 0.1}),
-    ("spec-cascade", {"p_base": 0.3, "correction": "target"}),
-    ("typical", {"epsilon": 0.1}),
-    ("typical", {"epsilon": 0.3, "delta": 0.5, "correction": "target"}),
-]
 
 
 def d(x: object) -> torch.Tensor:

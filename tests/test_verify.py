@@ -24,28 +24,12 @@ from scipy import stats
 from verispec import rules
 from verispec.analysis import acceptance_probability, induced_distribution
 from verispec.rules.lossless import Lossless
+from verispec.testing import RULE_CONFIGS
 from verispec.verify import sample_categorical, verify_block, verify_greedy
 
 ALPHA = 1e-4
 Z_CRIT = 3.891  # two-sided normal quantile for alpha = 1e-4
 
-# one representative parameterization per rule configuration; every registered rule appears
-RULE_CONFIGS: list[tuple[str, dict[str, object]]] = [
-    ("lossless", {}),
-    ("naive-resample", {}),
-    ("minp-sampling", {"p_base": 0.2}),
-    ("eta-sampling", {"epsilon": 0.1}),
-    ("lenience", {"l": 0.5}),
-    ("cos-we", {"lam": 0.4}),
-    ("cos-cd", {"lam": 0.5}),
-    ("overshoot-ceiling", {"lam": 0.5}),
-    ("adaptive-interpolation", {"lam": 0.5}),
-    ("minp-cap", {"p_base": 0.5, "l": 0.5}),
-    ("spec-cascade", {"p_base": 0.1}),
-    ("spec-cascade", {"p_base": 0.3, "correction": "target"}),
-    ("typical", {"epsilon": 0.1}),
-    ("typical", {"epsilon": 0.3, "delta": 0.5, "correction": "target"}),
-]
 CONFIG_IDS = [f"{n}{'-' + '-'.join(f'{k}={v}' for k, v in p.items()) if p else ''}" for n, p in RULE_CONFIGS]
 
 

@@ -5,7 +5,26 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-__all__ = ["tiny_qwen"]
+__all__ = ["RULE_CONFIGS", "tiny_qwen"]
+
+#: one representative parameterization per rule configuration (truncation rules with both corrections);
+#: every registered rule appears
+RULE_CONFIGS: list[tuple[str, dict[str, object]]] = [
+    ("lossless", {}),
+    ("naive-resample", {}),
+    ("minp-sampling", {"p_base": 0.2}),
+    ("eta-sampling", {"epsilon": 0.1}),
+    ("lenience", {"l": 0.5}),
+    ("cos-we", {"lam": 0.4}),
+    ("cos-cd", {"lam": 0.5}),
+    ("overshoot-ceiling", {"lam": 0.5}),
+    ("adaptive-interpolation", {"lam": 0.5}),
+    ("minp-cap", {"p_base": 0.5, "l": 0.5}),
+    ("spec-cascade", {"p_base": 0.1}),
+    ("spec-cascade", {"p_base": 0.3, "correction": "target"}),
+    ("typical", {"epsilon": 0.1}),
+    ("typical", {"epsilon": 0.3, "delta": 0.5, "correction": "target"}),
+]
 
 
 def tiny_qwen(

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Backend", "common_prefix_len"]
+__all__ = ["Backend", "SyncMixin", "common_prefix_len"]
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -34,3 +34,21 @@ class Backend(Protocol):
         ...
 
     def reset(self) -> None: ...
+
+
+class SyncMixin:
+    """``sync`` for any backend with ``tokens`` and an exact ``truncate``."""
+
+    tokens: list[int]
+
+    def truncate(self, length: int) -> None:  # pragma: no cover - provided by the backend
+        raise NotImplementedError
+
+    def sync(self, ids: list[int]) -> list[int]:
+        """Roll the cache back to the longest prefix it shares with ``ids[:-1]`` and return what to feed next.
+
+        At least the last token of ``ids`` is always returned, so the caller gets logits for the next position.
+        """
+        keep = common_prefix_len(self.tokens, ids[:-1])
+        self.truncate(keep)
+        return ids[keep:]

@@ -6,12 +6,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..tree import tree_attention, tree_depths
-from .base import common_prefix_len
+from .base import SyncMixin
 
 __all__ = ["HFBackend"]
 
 
-class HFBackend:
+class HFBackend(SyncMixin):
     """Scores blocks of tokens against a KV cache and truncates it exactly.
 
     ``tokens`` lists the tokens whose KV is in the cache; committed-but-not-yet-input tokens (a correction or
@@ -56,15 +56,6 @@ class HFBackend:
         if length < len(self.tokens):
             self.cache.crop(length)
             del self.tokens[length:]
-
-    def sync(self, ids: list[int]) -> list[int]:
-        """Roll the cache back to the longest prefix it shares with ``ids[:-1]`` and return what to feed next.
-
-        At least the last token of ``ids`` is always returned, so the caller gets logits for the next position.
-        """
-        keep = common_prefix_len(self.tokens, ids[:-1])
-        self.truncate(keep)
-        return ids[keep:]
 
     # -- tree attention (tree drafting / verification) --------------------------------------------------
     # Pending tree nodes sit in the cache after the linear tokens, recorded in ``tokens`` as -1 so that

@@ -37,7 +37,7 @@ import os
 import numpy as np
 import torch
 
-from .base import common_prefix_len
+from .base import SyncMixin
 
 __all__ = ["LlamaCppBackend", "llama_cpp_available"]
 
@@ -73,7 +73,7 @@ def _silence_logs() -> None:
         pass
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(SyncMixin):
     """Scores blocks of tokens against a llama.cpp KV cache (sequence 0) and truncates it exactly.
 
     ``tokens`` lists the tokens whose KV is in the cache, as in :class:`~verispec.backends.hf.HFBackend`.
@@ -163,15 +163,6 @@ class LlamaCppBackend:
             if not _llama.llama_memory_seq_rm(self._mem, 0, length, -1):
                 raise RuntimeError("llama.cpp refused to remove KV entries (llama_memory_seq_rm)")
             del self.tokens[length:]
-
-    def sync(self, ids: list[int]) -> list[int]:
-        """Roll the cache back to the longest prefix it shares with ``ids[:-1]`` and return what to feed next.
-
-        At least the last token of ``ids`` is always returned, so the caller gets logits for the next position.
-        """
-        keep = common_prefix_len(self.tokens, ids[:-1])
-        self.truncate(keep)
-        return ids[keep:]
 
     def extend(self, new_tokens: list[int], num_logits: int = 1) -> torch.Tensor:
         """Feed ``new_tokens`` after the cached ones; return float32 logits [num_logits, vocab_size] (last positions).
