@@ -3,7 +3,7 @@
 A click group (``bench``) registered on the main CLI. Commands::
 
     verispec bench grid CONFIG [--limit N] [--tasks a,b] [--seeds 0,1]     # the units, without running
-    verispec bench run CONFIG --out RUN_DIR [--limit N] [--tasks a,b] [--seeds 0,1] [--max-units K]
+    verispec bench run CONFIG --out RUN_DIR [--limit N] [--tasks a,b] [--seeds 0,1] [--max-units K] [--shard I/N]
     verispec bench report RUN_DIR [--out DIR]
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
 
@@ -83,18 +83,24 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
 @_seeds_opt
 @click.option("--max-units", type=click.IntRange(min=0), default=None, help="Stop after K new units.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--shard", "shard_text", default=None, metavar="I/N",
+              help="Run every N-th unit starting at the I-th (0-based) into results-I-of-N.jsonl; start N of "
+                   "them (0/N .. N-1/N) on one RUN_DIR to split a sweep across processes or machines.")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
-            max_units: int | None, no_progress: bool) -> None:
+            max_units: int | None, no_progress: bool, shard_text: str | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
-    from .eval.runner import run_sweep
+    from .eval.runner import parse_shard, run_sweep, shard_results_name
 
     try:
+        shard = parse_shard(shard_text) if shard_text else None
         s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
-                      progress=not no_progress, max_units=max_units, log=lambda m: click.echo(m, err=True))
+                      progress=not no_progress, max_units=max_units, log=lambda m: click.echo(m, err=True),
+                      shard=shard)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise _fail(exc) from None
+    name = shard_results_name(shard if shard and shard[1] > 1 else None)
     click.echo(f"{s.completed} units done now, {s.skipped} were already done, {s.failed} failed "
-               f"({s.seconds:.0f} s); results in {s.run_dir / 'results.jsonl'}")
+               f"({s.seconds:.0f} s); results in {s.run_dir / name}")
     if s.failed:
         raise _fail(f"{s.failed} units failed (see {s.run_dir / 'errors.jsonl'}); run again to retry them")
 

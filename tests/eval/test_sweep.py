@@ -236,3 +236,69 @@ def test_failed_unit_is_logged_and_retried(tmp_path):
     s = run_sweep(cfg_path, run_dir, progress=False)
     assert (s.skipped, s.completed, s.failed) == (3, 1, 0)
     assert len(read_results(run_dir)) == 4
+
+
+def test_unit_order_is_seed_major_and_interleaves_tasks():
+    """A run cut short holds whole seeds and both tasks in equal measure, matched pairs together."""
+    cfg = _cfg(tasks=[{"name": "toy"}, {"name": "toy2"}], seeds=[0, 1],
+               methods=[{"rule": "spec-cascade", "params": {"p_base": 0.3}}])
+    units = expand(cfg, {"toy": ["a0", "a1", "a2"], "toy2": ["b0", "b1"]})
+    order = [(u.seed, u.problem_id, u.method.rule) for u in units]
+    expected = [(s, p, m) for s in (0, 1) for p in ("a0", "b0", "a1", "b1", "a2")
+                for m in ("minp-sampling", "spec-cascade")]
+    assert order == expected
+
+
+@pytest.mark.parametrize("drafter, draft_recorded", [
+    ("model", True), ("llamacpp", True), ("ngram+llamacpp", True), ("ngram+model", True), ("ngram", False),
+    ("none", False)])
+def test_drafters_and_the_draft_they_record(drafter, draft_recorded):
+    cfg = _cfg(models={"target": "toy", "draft": "d", "drafter": drafter})
+    assert cfg.settings()["drafter"] == drafter
+    assert cfg.settings()["draft"] == ("d" if draft_recorded else None)
+
+
+def test_unknown_drafter_is_refused():
+    with pytest.raises(ValueError, match="drafter must be one of model, llamacpp"):
+        _cfg(models={"target": "toy", "drafter": "tree"})
+
+
+def test_shards_split_the_grid_without_overlap(tmp_path):
+    """Two shards on one directory run side by side (their locks allow it), cover the grid exactly once
+    between them, produce what an unsharded run produces, and an unsharded resume then has nothing to do."""
+    cfg_path = _write_toy(tmp_path / "toy.toml", seeds=(0, 1), limit=2)
+    run_dir = tmp_path / "run"
+    n_grid = 2 * 2 * 4
+    run_dir.mkdir()
+    with runner._locked(run_dir, (1, 2)):
+        # shard 1/2 is "running": shard 0/2 may start, a twin 1/2 and an unsharded run may not
+        s0 = run_sweep(cfg_path, run_dir, progress=False, shard=(0, 2))
+        with pytest.raises(RuntimeError, match="another"):
+            run_sweep(cfg_path, run_dir, progress=False, shard=(1, 2))
+        with pytest.raises(RuntimeError, match="another"):
+            run_sweep(cfg_path, run_dir, progress=False)
+    s1 = run_sweep(cfg_path, run_dir, progress=False, shard=(1, 2))
+    assert s0.total == s1.total == n_grid // 2 and s0.completed == s1.completed == n_grid // 2
+    f0, f1 = run_dir / "results-0-of-2.jsonl", run_dir / "results-1-of-2.jsonl"
+    assert not (run_dir / RESULTS).exists()
+    keys0 = [json.loads(x)["key"] for x in f0.read_text().splitlines()]
+    keys1 = [json.loads(x)["key"] for x in f1.read_text().splitlines()]
+    grid = [u.key for u in expand(load_config(cfg_path), {"toy": ["toy/0", "toy/1"]})]
+    assert keys0 == grid[0::2] and keys1 == grid[1::2]
+    merged = read_results(run_dir)
+    assert sorted(r["key"] for r in merged) == sorted(grid)
+    # sharding does not change any output: a unit is a pure function of its config
+    clean = tmp_path / "clean"
+    run_sweep(cfg_path, clean, progress=False)
+    assert {r["key"]: r["token_ids"] for r in merged} == {r["key"]: r["token_ids"] for r in read_results(clean)}
+    again = run_sweep(cfg_path, run_dir, engine_factory=lambda c: pytest.fail("no engine needed"), progress=False)
+    assert (again.completed, again.skipped) == (0, n_grid)
+    # a different split resumes too: nothing is run twice
+    again = run_sweep(cfg_path, run_dir, progress=False, shard=(2, 3))
+    assert again.completed == 0 and not (run_dir / "results-2-of-3.jsonl").exists()
+
+
+@pytest.mark.parametrize("text", ["2/2", "1", "a/b", "0/0", "-1/2"])
+def test_bad_shard_is_refused(text):
+    with pytest.raises(ValueError, match="shard"):
+        runner.parse_shard(text)

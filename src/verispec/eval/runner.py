@@ -4,7 +4,9 @@ Crash safety. Each result line is written with one ``write`` call, flushed and `
 next unit starts. On (re)start the runner reads the keys already in ``results.jsonl``, cuts a trailing
 partial line (a kill mid-write) off the file, and runs only the missing units; so killing a run and starting
 it again loses nothing that was complete and never writes a key twice. A lock file (``flock``) keeps two
-runners out of one directory. A unit that raises is logged to ``errors.jsonl`` (not to the results) and
+runners out of one directory. ``shard=(I, N)`` splits a sweep across N processes or machines sharing the
+directory: shard I runs every N-th unit and appends to ``results-I-of-N.jsonl``; :func:`read_results` merges
+all result files. A unit that raises is logged to ``errors.jsonl`` (not to the results) and
 retried on the next start.
 
 Result line (schema 1)::
@@ -26,7 +28,6 @@ import datetime as _dt
 import fcntl
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,13 +46,16 @@ __all__ = [
     "encode_problem",
     "get_task",
     "load_problems",
+    "parse_shard",
     "read_results",
+    "results_files",
     "run_sweep",
     "run_unit",
     "toy_engine",
 ]
 
 RESULTS = "results.jsonl"
+SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
 ERRORS = "errors.jsonl"
 SCHEMA = 1
 
@@ -147,8 +151,7 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
         return toy_engine(cfg)
     from ..api import load_engine
 
-    return load_engine(cfg.target, cfg.draft if cfg.drafter == "model" else None, cfg.drafter, cfg.dtype,
-                       cfg.threads)
+    return load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads)
 
 
 # --------------------------------------------------------------------------------------------- results I/O
@@ -183,18 +186,21 @@ def _repair_tail(path: Path) -> int:
         return size - keep
 
 
-def read_results(run_dir: str | Path) -> list[dict]:
-    """All complete result lines of a run directory, first occurrence of each key.
+def results_files(run_dir: str | Path) -> list[Path]:
+    """The result files of a run directory: ``results.jsonl`` first, then each shard's (sorted by name)."""
+    run_dir = Path(run_dir)
+    files = [run_dir / RESULTS] if (run_dir / RESULTS).exists() else []
+    return files + sorted(run_dir.glob(SHARD_RESULTS.format(i="*", n="*")))
 
-    A last line without its newline (a run killed mid-write) is ignored; a malformed line elsewhere raises.
-    """
-    path = Path(run_dir) / RESULTS
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    lines = data.split(b"\n")
+
+def shard_results_name(shard: tuple[int, int] | None) -> str:
+    """File name the runner appends to: ``results.jsonl``, or ``results-I-of-N.jsonl`` for shard I of N."""
+    return RESULTS if shard is None else SHARD_RESULTS.format(i=shard[0], n=shard[1])
+
+
+def _read_file(path: Path, out: list[dict], seen: set[str]) -> None:
+    lines = path.read_bytes().split(b"\n")
     complete = lines[:-1]  # the last element is b"" when the file ends with a newline, else a partial line
-    out, seen = [], set()
     for n, line in enumerate(complete, 1):
         if not line.strip():
             continue
@@ -206,6 +212,18 @@ def read_results(run_dir: str | Path) -> list[dict]:
             continue
         seen.add(rec["key"])
         out.append(rec)
+
+
+def read_results(run_dir: str | Path) -> list[dict]:
+    """All complete result lines of a run directory (``results.jsonl`` and every shard's file), first occurrence
+    of each key.
+
+    A last line without its newline (a run killed mid-write) is ignored; a malformed line elsewhere raises.
+    """
+    out: list[dict] = []
+    seen: set[str] = set()
+    for path in results_files(run_dir):
+        _read_file(path, out, seen)
     return out
 
 
@@ -216,16 +234,39 @@ def _append(f: Any, rec: dict) -> None:
 
 
 @contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
-    with open(run_dir / ".lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"another `bench run` holds {run_dir} (lock file {run_dir / '.lock'})") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _locked(run_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[None]:
+    """An unsharded run holds ``.lock`` exclusively; shard I of N holds it shared and ``.lock-I-of-N``
+    exclusively, so the shards of one N run side by side but never beside an unsharded run or a twin."""
+    with contextlib.ExitStack() as stack:
+        locks = [(run_dir / ".lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)]
+        if shard:
+            locks.append((run_dir / f".lock-{shard[0]}-of-{shard[1]}", fcntl.LOCK_EX))
+        for path, mode in locks:
+            f = stack.enter_context(open(path, "a"))
+            try:
+                fcntl.flock(f, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(f"another `bench run` holds {run_dir} (lock file {path})") from None
+            stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
+        yield
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so that shards starting together never leave a torn file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must look like I/N (e.g. 0/2), got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"shard I/N needs 0 <= I < N, got {text!r}")
+    return i, n
 
 
 # ------------------------------------------------------------------------------------------------- running
@@ -321,7 +362,7 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     new = cfg.to_json()
     keys = ("temperature", "sampling", "gamma", "max_new_tokens", "target", "drafter", "dtype")
     diff = [k for k in keys if old.get(k) != new.get(k)]
-    if old.get("drafter") == "model" and new.get("drafter") == "model" and old.get("draft") != new.get("draft"):
+    if cfg.uses_draft and old.get("draft") != new.get("draft"):
         diff.append("draft")
     old_tasks = {t["name"]: t.get("max_new_tokens") for t in old.get("tasks", [])}
     for t in new["tasks"]:
@@ -343,12 +384,22 @@ def run_sweep(
     progress: bool = True,
     max_units: int | None = None,
     log: Callable[[str], None] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> RunSummary:
     """Run (or resume) a sweep into ``out_dir``; see the module docstring for the guarantees.
 
     ``config``: a :class:`SweepConfig` or a TOML path (copied verbatim to ``out_dir/config.toml``).
     ``limit``/``tasks``/``seeds`` shrink the grid; ``max_units`` stops after that many new units.
+    ``shard=(I, N)`` runs every N-th unit of the grid starting at the I-th, appending to
+    ``results-I-of-N.jsonl``: N processes (or machines sharing the directory) split one sweep. Units done by
+    any earlier run, sharded or not, are skipped, so a sweep can switch between sharded and unsharded runs.
     """
+    if shard is not None:
+        if shard[1] == 1:
+            shard = None
+        elif not 0 <= shard[0] < shard[1]:
+            raise ValueError(f"shard I/N needs 0 <= I < N, got {shard[0]}/{shard[1]}")
+    results_path = Path(out_dir) / shard_results_name(shard)
     start = time.perf_counter()
     run_dir = Path(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -359,26 +410,29 @@ def run_sweep(
     cfg = config.restricted(limit=limit, tasks=tasks, seeds=seeds)
     say = log or (lambda s: None)
     summary = RunSummary(run_dir)
-    with _locked(run_dir):
+    with _locked(run_dir, shard):
         _check_settings(run_dir, config)
         if src_path is not None and not (run_dir / "config.toml").exists():
-            shutil.copyfile(src_path, run_dir / "config.toml")
+            _write_atomic(run_dir / "config.toml", src_path.read_text())
         if not (run_dir / "config.json").exists():
-            (run_dir / "config.json").write_text(json.dumps(config.to_json(), indent=1) + "\n")
+            _write_atomic(run_dir / "config.json", json.dumps(config.to_json(), indent=1) + "\n")
         problems = load_problems(cfg)
         units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
-        summary.total = len(units)
-        (run_dir / "run.json").write_text(json.dumps(
+        _write_atomic(run_dir / "run.json", json.dumps(
             {"grid": cfg.to_json(), "units": len(units), "started_at": _now()}, indent=1) + "\n")
-        summary.repaired_bytes = _repair_tail(run_dir / RESULTS)
+        if shard is not None:
+            units = units[shard[0]::shard[1]]
+        summary.total = len(units)
+        summary.repaired_bytes = _repair_tail(results_path)
         if summary.repaired_bytes:
-            say(f"cut a partial last line ({summary.repaired_bytes} bytes) off {run_dir / RESULTS}")
+            say(f"cut a partial last line ({summary.repaired_bytes} bytes) off {results_path}")
         done = {r["key"] for r in read_results(run_dir)}
         todo = [u for u in units if u.key not in done]
         summary.skipped = len(units) - len(todo)
         if max_units is not None:
             todo = todo[:max_units]
-        say(f"{len(units)} units in the grid, {summary.skipped} already done, {len(todo)} to run")
+        where = "in the grid" if shard is None else f"in shard {shard[0]}/{shard[1]}"
+        say(f"{len(units)} units {where}, {summary.skipped} already done, {len(todo)} to run")
         if not todo:
             summary.seconds = time.perf_counter() - start
             return summary
@@ -389,7 +443,7 @@ def run_sweep(
         bar = _progress(len(todo), progress)
         passed = 0
         be_sum = 0.0
-        with open(run_dir / RESULTS, "ab") as out:
+        with open(results_path, "ab") as out:
             for unit in todo:
                 pkey = (unit.task, unit.problem_id)
                 try:

@@ -15,7 +15,7 @@ A config (see ``configs/*.toml``)::
     [models]
     target = "qwen2.5-coder-1.5b-instruct"   # registered name or HF directory; "toy": tiny random pair
     draft = "qwen2.5-coder-0.5b-instruct"
-    drafter = "model"           # model | ngram | none
+    drafter = "model"           # model | llamacpp | ngram | ngram+model | ngram+llamacpp | none
     dtype = "bfloat16"
     threads = 2                 # optional torch intra-op threads
 
@@ -92,6 +92,9 @@ PRESETS: dict[str, dict[str, list[float]]] = {
     "minp-cap": {"p_base": [0.5], "l": _LAMBDA},
 }
 PAPER_SEEDS = [0, 1, 2]
+# drafters a sweep may use (``tree`` runs through TreeEngine, whose metrics differ, and is not offered here)
+DRAFTERS = ("model", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "none")
+DRAFT_MODEL_DRAFTERS = ("model", "llamacpp", "ngram+model", "ngram+llamacpp")
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
              "tasks", "methods"}
@@ -229,6 +232,11 @@ class SweepConfig:
     pair_baselines: bool = True
     raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
 
+    @property
+    def uses_draft(self) -> bool:
+        """Whether the drafter runs the draft model (``model``, ``llamacpp`` and the ``ngram+`` hybrids)."""
+        return self.drafter in DRAFT_MODEL_DRAFTERS
+
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(temperature=self.temperature, **dict(self.sampling))
 
@@ -246,7 +254,7 @@ class SweepConfig:
             "gamma": self.gamma,
             "max_new_tokens": self.max_new_tokens if task is None else self.max_tokens(task),
             "target": self.target,
-            "draft": self.draft if self.drafter == "model" else None,
+            "draft": self.draft if self.uses_draft else None,
             "drafter": self.drafter,
             "dtype": self.dtype,
         }
@@ -359,8 +367,8 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     if "temperature" in sampling:
         temperature = float(sampling.pop("temperature"))
     drafter = str(models.get("drafter", "model"))
-    if drafter not in ("model", "ngram", "none"):
-        raise ValueError(f"drafter must be model, ngram or none, got {drafter!r}")
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
     dtype = str(models.get("dtype", "bfloat16"))
     if dtype not in ("bfloat16", "float32", "float16"):
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
@@ -430,18 +438,23 @@ class WorkUnit:
 
 
 def expand(cfg: SweepConfig, problem_ids: Mapping[str, Sequence[str]]) -> list[WorkUnit]:
-    """The grid: for each seed, task, problem (in load order) and method setting, one unit.
+    """The grid: for each seed, problem index, task and method setting, one unit.
 
-    ``problem_ids[task]`` lists the problems of each task (after limit/subset). Ordering puts all methods of
-    one (seed, problem) next to each other, so matched pairs complete together when a run is cut short.
+    ``problem_ids[task]`` lists the problems of each task (after limit/subset). The order is seed-major and
+    interleaves the tasks problem by problem, with all methods of one (seed, problem) next to each other: a
+    run cut short holds whole seeds, both tasks in equal measure, and matched pairs complete together.
     """
     units = []
+    settings_json = {spec.name: json.dumps(cfg.settings(spec.name), sort_keys=True) for spec in cfg.tasks}
+    longest = max((len(problem_ids[spec.name]) for spec in cfg.tasks), default=0)
     for seed in cfg.seeds:
-        for spec in cfg.tasks:
-            settings_json = json.dumps(cfg.settings(spec.name), sort_keys=True)
-            for pid in problem_ids[spec.name]:
+        for i in range(longest):
+            for spec in cfg.tasks:
+                if i >= len(problem_ids[spec.name]):
+                    continue
+                pid = problem_ids[spec.name][i]
                 for m in cfg.methods:
-                    units.append(WorkUnit(spec.name, str(pid), m, seed, settings_json))
+                    units.append(WorkUnit(spec.name, str(pid), m, seed, settings_json[spec.name]))
     keys = [u.key for u in units]
     if len(set(keys)) != len(keys):
         raise ValueError("the grid has duplicate unit keys (a task listed twice, or duplicate problem ids)")
