@@ -117,6 +117,20 @@ def test_log_contents_topk_and_roundtrip(pair, tmp_path):
     assert len(log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=4, log=back).trajectories) == 1
 
 
+def test_backend_draft_logs_what_the_model_logs(pair):
+    """A draft given as a backend (reset/extend, the llama.cpp drafter's face) logs the same q as the model, and
+    the backend is left empty; a wrong backend (another model) gives a different q, so the check can fail."""
+    target, draft = pair
+    prompt, cont = [1, 2, 3, 4], [5, 9, 13, 2, 7, 7]
+    ref = log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=None).trajectories[0]
+    backend = HFBackend(draft)
+    backend.extend([3, 3])  # stale cache content must not leak into the log
+    via = log_distributions(target, backend, [("a", prompt, cont)], CFG, top_k=None).trajectories[0]
+    assert backend.tokens == []
+    assert torch.allclose(via.q, ref.q, atol=1e-5) and torch.equal(via.p, ref.p)
+    other = log_distributions(target, HFBackend(target), [("a", prompt, cont)], CFG, top_k=None).trajectories[0]
+    assert (other.q - ref.q).abs().max() > 1e-2
+
 def test_be_formulas():
     assert be_iid(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
     # alpha = 1: rounds of gamma accepted + bonus until the end (L = 12, gamma = 5: 2 rounds, 10 accepted)

@@ -142,7 +142,17 @@ def _compress(p: torch.Tensor, q: torch.Tensor, k: int | None
 
 @torch.inference_mode()
 def _logits(model: Any, ids: list[int], n: int) -> torch.Tensor:
-    """float32 logits [n, V] predicting ids[-n:] (positions len-n-1 .. len-2)."""
+    """float32 logits [n, V] predicting ids[-n:] (positions len-n-1 .. len-2).
+
+    ``model``: an HF causal LM (one forward without a cache), or a backend with ``reset``/``extend`` such as
+    :class:`~verispec.backends.llamacpp.LlamaCppBackend` (scored from an empty cache, which is left empty).
+    """
+    if not isinstance(model, torch.nn.Module):
+        model.reset()
+        try:
+            return model.extend(list(ids), n + 1)[:n].float().cpu()
+        finally:
+            model.reset()
     device = next(model.parameters()).device
     out = model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False,
                 logits_to_keep=n + 1)
@@ -158,7 +168,8 @@ def log_distributions(
     chunk: int = 32,
     log: DistLog | None = None,
 ) -> DistLog:
-    """Log p_t and q_t along each ``(key, prompt_ids, continuation_ids)`` (HF causal LMs ``target``/``draft``).
+    """Log p_t and q_t along each ``(key, prompt_ids, continuation_ids)`` (``target``/``draft``: HF causal LMs
+    or backends, see :func:`_logits`).
 
     Appends to ``log`` when given (keys already present are skipped). See the module docstring for what a
     finite ``top_k`` stores.
@@ -309,11 +320,12 @@ def estimate(log: DistLog, rules_: Iterable[Rule | str], gamma: int, keys: Itera
 
 
 def _models(engine: Any) -> tuple[Any, Any]:
+    """(target, draft) to log with: HF models where the engine has them, else the draft's backend (llama.cpp)."""
     drafter = getattr(engine, "drafter", None)
     backend = getattr(drafter, "backend", None)
     if backend is None:
-        raise ValueError("the offline estimator needs a model drafter (drafter = \"model\")")
-    return engine.target.model, backend.model
+        raise ValueError("the offline estimator needs a draft model (drafter = \"model\" or \"llamacpp\")")
+    return engine.target.model, getattr(backend, "model", backend)
 
 
 def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int | None = 64,
