@@ -127,7 +127,8 @@ def report_cmd(run_dir: str, out_dir: str | None) -> None:
               help="Tokens of p and of q stored per position (the rest is lumped in one bin).")
 @click.option("--full", is_flag=True, help="Store full distributions (exact; small vocabularies only).")
 @click.option("--max-per-setting", type=click.IntRange(min=1), default=None,
-              help="Log at most N outputs of each setting.")
+              help="Log at most N outputs of each setting: every setting's outputs on the run's first N "
+                   "(task, problem, seed) pairs, so that settings are compared on the same problems.")
 def estimate_cmd(run_dir: str, top_k: int, full: bool, max_per_setting: int | None) -> None:
     """Offline estimator on a run's outputs: expected acceptance / BE / KL for every setting, checked against
     the measured acceptance (RUN_DIR/estimator/)."""

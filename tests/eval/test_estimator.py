@@ -153,3 +153,38 @@ def test_estimate_rows_and_kl_to_matched_baseline(pair):
     assert by["spec-cascade"]["kl"] > 1e-3 and by["cos-we"]["tv"] > 1e-3
     for r in rows:
         assert 0 <= r["alpha"] <= 1 and r["positions"] == 5 * NEW and r["q_other_max"] == 0
+
+
+def test_estimate_run_end_to_end_on_a_toy_sweep(tmp_path):
+    """A toy sweep, then the estimator on it: every setting checked on the SAME first 2 (problem, seed) pairs,
+    the self-check z small, the tables written, and the logged distributions reused on a second call."""
+    import pandas as pd
+
+    from verispec.eval.estimator import estimate_run
+    from verispec.eval.runner import run_sweep
+
+    cfg = tmp_path / "toy.toml"
+    cfg.write_text('name = "est"\nseeds = [0]\ngamma = 3\nmax_new_tokens = 24\n[models]\ntarget = "toy"\n'
+                   '[[tasks]]\nname = "toy"\nlimit = 3\n'
+                   '[[methods]]\nrule = "lossless"\n[[methods]]\nrule = "spec-cascade"\nparams = { p_base = 0.3 }\n')
+    run_dir = tmp_path / "run"
+    # two shards: the merged results list p0 L, p0 S, p1 M, p2 L, p2 S (shard 0) then p0 M, p1 L, p1 S, p2 M,
+    # so "the first 2 outputs of each setting" would mix problems; the estimator must take p0 and p1 for all
+    run_sweep(cfg, run_dir, progress=False, shard=(0, 2))
+    run_sweep(cfg, run_dir, progress=False, shard=(1, 2))
+    files = estimate_run(run_dir, top_k=None, max_per_setting=2)
+    checks = pd.read_csv(files["selfcheck"])
+    assert set(checks["setting"]) == {"lossless", "minp-sampling(p_base=0.3)", "spec-cascade(p_base=0.3)"}
+    assert (checks["units"] == 2).all() and (checks["trials"] > 0).all()
+    # 2 outputs x 24 tokens, a few dozen trials per setting: |z| < 4 (false alarm ~6e-5; fixed seeds)
+    assert (checks["z"].abs() < 4).all()
+    from verispec.eval.estimator import DistLog
+
+    logged = DistLog.load(run_dir / "estimator" / "dists.pt").keys()
+    assert {k.split("|")[1] for k in logged} == {"toy/0", "toy/1"} and len(logged) == 6
+    est = pd.read_csv(files["estimate"])
+    assert list(est["measured_units"]) == [2, 2, 2]
+    assert files["markdown"].read_text().startswith("# Offline estimator")
+    # a second call reuses the log: no engine is built
+    estimate_run(run_dir, top_k=None, max_per_setting=2,
+                 engine_factory=lambda c: pytest.fail("the distributions are cached"))

@@ -339,6 +339,8 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
       baseline predicted from the lossless outputs (reference trajectories ~ the target's own sampling),
       next to each setting's measured BE;
     * ``estimate.md``: both as Markdown (included by ``bench report``).
+
+    ``max_per_setting=N`` keeps every setting's outputs on the run's first N (task, problem, seed) pairs only.
     """
     import json
 
@@ -356,13 +358,10 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
     if not recs:
         raise ValueError(f"{run_dir} has no results")
     if max_per_setting is not None:
-        count: dict[str, int] = {}
-        kept = []
-        for r in recs:
-            if count.get(r["label"], 0) < max_per_setting:
-                kept.append(r)
-                count[r["label"]] = count.get(r["label"], 0) + 1
-        recs = kept
+        # the first N (task, problem, seed) groups, every setting's output on them: like for like across settings
+        groups = list(dict.fromkeys((r["task"], r["problem_id"], r["seed"]) for r in recs))[:max_per_setting]
+        keep = set(groups)
+        recs = [r for r in recs if (r["task"], r["problem_id"], r["seed"]) in keep]
     cache = out / "dists.pt"
     fresh = DistLog(top_k=top_k, sampling=dict(cfg.sampling_config().__dict__))
     dist = DistLog.load(cache) if cache.exists() else fresh
