@@ -250,17 +250,18 @@ def test_unit_order_is_seed_major_and_interleaves_tasks():
 
 
 @pytest.mark.parametrize("drafter, draft_recorded", [
-    ("model", True), ("llamacpp", True), ("ngram+llamacpp", True), ("ngram+model", True), ("ngram", False),
-    ("none", False)])
+    ("model", True), ("tree", True), ("llamacpp", True), ("ngram+llamacpp", True), ("ngram+model", True),
+    ("ngram", False), ("none", False)])
 def test_drafters_and_the_draft_they_record(drafter, draft_recorded):
-    cfg = _cfg(models={"target": "toy", "draft": "d", "drafter": drafter})
+    cfg = _cfg(models={"target": "toy", "draft": "d", "drafter": drafter},
+               methods=[{"rule": "spec-cascade", "params": {"p_base": 0.3}}])
     assert cfg.settings()["drafter"] == drafter
     assert cfg.settings()["draft"] == ("d" if draft_recorded else None)
 
 
 def test_unknown_drafter_is_refused():
-    with pytest.raises(ValueError, match="drafter must be one of model, llamacpp"):
-        _cfg(models={"target": "toy", "drafter": "tree"})
+    with pytest.raises(ValueError, match="drafter must be one of model, tree, llamacpp"):
+        _cfg(models={"target": "toy", "drafter": "forest"})
 
 
 def test_shards_split_the_grid_without_overlap(tmp_path):
@@ -302,3 +303,30 @@ def test_shards_split_the_grid_without_overlap(tmp_path):
 def test_bad_shard_is_refused(text):
     with pytest.raises(ValueError, match="shard"):
         runner.parse_shard(text)
+
+
+def test_tree_sweep_end_to_end(tmp_path):
+    """drafter = "tree": units run through TreeEngine (per_round holds tree nodes), the report is written, and
+    the chain-only offline estimator refuses the run instead of computing a wrong check. A tree sweep with a
+    rule trees cannot verify (lenience) is refused when the config is read."""
+    from verispec.eval.estimator import estimate_run
+    from verispec.eval.report import write_report
+
+    cfg_path = _write_toy(tmp_path / "toy.toml", seeds=(0,), limit=2)
+    text = cfg_path.read_text().replace('target = "toy"', 'target = "toy"\ndrafter = "tree"')
+    cfg_path.write_text(text)
+    with pytest.raises(ValueError, match="tree verification supports"):
+        load_config(cfg_path)
+    typical = 'rule = "typical"\nparams = { epsilon = 0.1 }'
+    cfg_path.write_text(text.replace('rule = "lenience"\nparams = { l = 0.5 }', typical))
+    run_dir = tmp_path / "run"
+    s = run_sweep(cfg_path, run_dir, progress=False)
+    assert (s.completed, s.failed) == (8, 0)
+    recs = read_results(run_dir)
+    assert all(r["settings"]["drafter"] == "tree" for r in recs)
+    # a tree round scores more nodes than its depth: more drafted than a gamma-3 chain could
+    assert max(d for r in recs for d, _ in r["per_round"]) > 3
+    assert all(0 <= a <= 3 for r in recs for _, a in r["per_round"])
+    assert write_report(run_dir)["report"].exists()
+    with pytest.raises(ValueError, match="tree run"):
+        estimate_run(run_dir)

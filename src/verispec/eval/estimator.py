@@ -354,6 +354,8 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
     out = run_dir / "estimator"
     out.mkdir(exist_ok=True)
     cfg = SweepConfig.from_json(json.loads((run_dir / "config.json").read_text()))
+    if cfg.drafter == "tree":
+        raise ValueError("the offline estimator models chain drafting (one draft per position); this is a tree run")
     recs = read_results(run_dir)
     if not recs:
         raise ValueError(f"{run_dir} has no results")

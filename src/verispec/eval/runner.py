@@ -120,7 +120,7 @@ def get_task(name: str) -> Any:
     return real(name)
 
 
-_TOY_ENGINES: dict[tuple[int, bool], Any] = {}
+_TOY_ENGINES: dict[tuple[int, str], Any] = {}
 
 
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
@@ -130,14 +130,20 @@ def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
     from ..engine import SpeculativeEngine
     from ..testing import tiny_qwen
 
-    with_draft = cfg is None or cfg.drafter == "model"
-    key = (vocab_size, with_draft)
+    drafter_name = "model" if cfg is None else cfg.drafter
+    with_draft = drafter_name in ("model", "tree")
+    key = (vocab_size, drafter_name if with_draft else "none")
     if key not in _TOY_ENGINES:
         target = tiny_qwen(1, vocab_size=vocab_size, logit_scale=4.0)
         drafter = None
         if with_draft:
             drafter = ModelDrafter(HFBackend(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0)))
-        _TOY_ENGINES[key] = SpeculativeEngine(HFBackend(target), drafter, ToyTokenizer(), ())
+        engine = SpeculativeEngine(HFBackend(target), drafter, ToyTokenizer(), ())
+        if drafter_name == "tree":
+            from ..tree_engine import TreeEngine
+
+            engine = TreeEngine.from_engine(engine)
+        _TOY_ENGINES[key] = engine
     return _TOY_ENGINES[key]
 
 

@@ -15,7 +15,7 @@ A config (see ``configs/*.toml``)::
     [models]
     target = "qwen2.5-coder-1.5b-instruct"   # registered name or HF directory; "toy": tiny random pair
     draft = "qwen2.5-coder-0.5b-instruct"
-    drafter = "model"           # model | llamacpp | ngram | ngram+model | ngram+llamacpp | none
+    drafter = "model"           # model | tree | llamacpp | ngram | ngram+model | ngram+llamacpp | none
     dtype = "bfloat16"
     threads = 2                 # optional torch intra-op threads
 
@@ -92,9 +92,9 @@ PRESETS: dict[str, dict[str, list[float]]] = {
     "minp-cap": {"p_base": [0.5], "l": _LAMBDA},
 }
 PAPER_SEEDS = [0, 1, 2]
-# drafters a sweep may use (``tree`` runs through TreeEngine, whose metrics differ, and is not offered here)
-DRAFTERS = ("model", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "none")
-DRAFT_MODEL_DRAFTERS = ("model", "llamacpp", "ngram+model", "ngram+llamacpp")
+# drafters a sweep may use; "tree" runs TreeEngine (default tree, depth gamma): per_round holds (nodes, accepted)
+DRAFTERS = ("model", "tree", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "none")
+DRAFT_MODEL_DRAFTERS = ("model", "tree", "llamacpp", "ngram+model", "ngram+llamacpp")
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
              "tasks", "methods"}
@@ -391,6 +391,11 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         raw_methods=tuple(raw),
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table
+    if drafter == "tree":  # refuse now rather than fail every unit of an unsupported rule
+        from ..tree import check_tree_rule
+
+        for m in methods:
+            check_tree_rule(m.build())
     return cfg
 
 
