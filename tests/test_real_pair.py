@@ -50,6 +50,25 @@ def test_real_pair_greedy_equals_target_greedy(engine, idx):
     assert out_ng.token_ids == ref
 
 
+def _reference(engine, ids, n):
+    with torch.inference_mode():
+        return engine.target.model.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
+            max_new_tokens=n, eos_token_id=sorted(engine.eos_token_ids), pad_token_id=sorted(engine.eos_token_ids)[0],
+        )[0, len(ids) :].tolist()
+
+
+def test_real_pair_batch_rows_equal_target_greedy(engine):
+    """A batch of 3 rows of different prompt lengths (fp32, greedy), two of them finishing early so that the
+    third runs alone at the end: every row equals the target's own greedy decode."""
+    ids = [engine.encode(p, chat=i == 0) for i, p in enumerate(PROMPTS)]
+    lengths = [NEW_TOKENS, 6, 11]
+    refs = [_reference(engine, x, n) for x, n in zip(ids, lengths, strict=True)]
+    outs = engine.generate(ids, sampling=SamplingConfig(temperature=0), gamma=5, max_new_tokens=lengths,
+                           batch_size=2)  # the third row joins when the second leaves
+    assert [o.token_ids for o in outs] == refs
+
+
 def test_real_pair_completes_paris(engine):
     out = engine.generate("The capital of France is", sampling=SamplingConfig(temperature=0), max_new_tokens=3)
     assert out.text.strip().startswith("Paris")

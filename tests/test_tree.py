@@ -10,13 +10,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from verispec.backends.base import ScoreRequest
 from verispec.backends.hf import HFBackend
 from verispec.drafters.tree import TreeDrafter
+from verispec.engine import Engine, Request
 from verispec.processors import SamplingConfig, history_counts, process
 from verispec.rules import get
 from verispec.testing import tiny_qwen
 from verispec.tree import TokenTree, tree_attention
-from verispec.tree_engine import TreeEngine
 
 GREEDY = SamplingConfig(temperature=0)
 
@@ -41,6 +42,11 @@ def noisy_copy(model, scale, seed):
         w = out.lm_head.weight
         w.add_(scale * w.std() * torch.randn(w.shape, generator=g))
     return out
+
+
+def tree_engine(target, draft, tokenizer=None, eos_token_ids=(), **tree):
+    """Target + tree drafter on tiny models; ``tree``: the drafter's options (depth, top_k, budget, ...)."""
+    return Engine(HFBackend(target), TreeDrafter(HFBackend(draft), **tree), tokenizer, eos_token_ids)
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +78,21 @@ def test_tree_logits_equal_path_logits_and_commit_is_exact(target, attn):
         parents = [-1, -1, -1, 0, 0, 1, 3, 3, 6]
         for committed in ([], [0, 3, 6, 8], [1, 5], [2]):
             b = HFBackend(target)
-            b.extend(prefix[:4], 1)
-            logits = b.tree_forward(prefix[4:], tokens, parents)
+            r = b.add_row()
+            b.forward_ids(r, prefix[:4])
+            logits = b.forward_ids(r, prefix, tokens, parents)  # feeds prefix[4:] then the tree, one forward
             assert logits.shape == (len(tokens) + 1, 64)
             assert (logits[0] - fresh_logits(target, prefix)).abs().max() < 1e-4
             tree = TokenTree(tokens, parents)
             for node in range(len(tokens)):
                 ref = fresh_logits(target, prefix + tree.path_tokens(node))
                 assert (logits[node + 1] - ref).abs().max() < 1e-4, node
-            b.commit_tree(committed)
+            b.commit(r, committed)
             hist = prefix + [tokens[n] for n in committed]
-            assert b.tokens == hist
-            nxt = b.extend([7], 1)[0]
+            assert b.cached_tokens(r) == hist
+            nxt = b.forward_ids(r, hist + [7])[0]
             assert (nxt - fresh_logits(target, hist + [7])).abs().max() < 1e-4
-            assert b.sync(hist + [7, 8]) == [8]  # the committed path is plain history now
+            assert b.cached_tokens(r) == hist + [7]  # the committed path is plain history now
     finally:
         target.config._attn_implementation = "sdpa"
 
@@ -96,17 +103,19 @@ def test_tree_forward_by_levels_equals_one_forward(target):
     tokens = [20, 21, 22, 23, 24, 25]
     parents = [-1, -1, 0, 0, 1, 3]
     one = HFBackend(target)
-    one.extend(prefix[:-1], 1)
-    full = one.tree_forward(prefix[-1:], tokens, parents)[1:]
+    r1 = one.add_row()
+    one.forward_ids(r1, prefix[:-1])
+    full = one.forward_ids(r1, prefix, tokens, parents)[1:]
     lv = HFBackend(target)
-    lv.extend(prefix, 1)
-    rows = [lv.tree_forward([], tokens[:2], parents[:2]), lv.tree_forward([], tokens[2:5], parents[2:5])]
-    rows.append(lv.tree_forward([], tokens[5:], parents[5:]))
+    r2 = lv.add_row()
+    lv.forward_ids(r2, prefix)
+    rows = [lv.score([ScoreRequest(r2, None, tokens[a:b], parents[a:b])])[0] for a, b in ((0, 2), (2, 5), (5, 6))]
     assert (torch.cat(rows) - full).abs().max() < 1e-4
-    lv.commit_tree([0, 3, 5])
-    assert (lv.extend([9], 1)[0] - fresh_logits(target, prefix + [20, 23, 25, 9])).abs().max() < 1e-4
+    lv.commit(r2, [0, 3, 5])
+    hist = prefix + [20, 23, 25, 9]
+    assert (lv.forward_ids(r2, hist)[0] - fresh_logits(target, hist)).abs().max() < 1e-4
     with pytest.raises(ValueError):
-        one.commit_tree([1, 2])  # not a root-down path
+        one.commit(r1, [1, 2])  # not a root-down path
 
 
 # -- greedy equality -----------------------------------------------------------------------------------------
@@ -126,9 +135,8 @@ def test_tree_greedy_equals_target_greedy(target):
         prompt = torch.randint(0, 64, (5 + trial,), generator=gen).tolist()
         ref = reference_greedy(target, prompt, 20)
         for name, draft in drafts.items():
-            eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(draft)))
             for kw in settings:
-                out = eng.generate(prompt, sampling=GREEDY, max_new_tokens=20, **kw)
+                out = tree_engine(target, draft, **kw).generate(prompt, sampling=GREEDY, max_new_tokens=20)
                 assert out.token_ids == ref, (trial, name, kw)
                 assert out.finish_reason == "length" and out.metrics.new_tokens == 20
                 m = out.metrics
@@ -138,23 +146,23 @@ def test_tree_greedy_equals_target_greedy(target):
 
 
 def test_self_draft_accepts_full_depth(target):
-    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)))
-    out = eng.generate([1, 2, 3], sampling=GREEDY, depth=3, top_k=2, max_new_tokens=17)
+    out = tree_engine(target, target, depth=3, top_k=2).generate([1, 2, 3], sampling=GREEDY, max_new_tokens=17)
     m = out.metrics
     # 4 rounds of 3 accepted + bonus (16 tokens), then one target-only round for the 17th
     assert (m.rounds, m.accepted) == (5, 12)
     assert m.acceptance_per_position == [1.0, 1.0, 1.0]
-    assert m.nodes_per_target_call == pytest.approx((4 * 14 + 0) / 5)
+    assert m.nodes_per_round == pytest.approx((4 * 14 + 0) / 5)
+    assert (m.drafted, m.proposed_nodes) == (12, 56)  # drafted = tree depth per round; nodes reported apart
     assert out.token_ids == reference_greedy(target, [1, 2, 3], 17)
 
 
 def test_noisy_draft_accepts_non_first_children(target):
     """With top-k 3 the walk accepts second/third candidates, which a chain draft could not."""
-    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(noisy_copy(target, 1.5, 1))))
-    greedy_first = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(noisy_copy(target, 1.5, 1))))
+    eng = tree_engine(target, noisy_copy(target, 1.5, 1), depth=4, top_k=3)
+    greedy_first = tree_engine(target, noisy_copy(target, 1.5, 1), depth=4, top_k=1)
     prompt = [9, 8, 7, 6]
-    a = eng.generate(prompt, sampling=GREEDY, depth=4, top_k=3, max_new_tokens=40).metrics
-    b = greedy_first.generate(prompt, sampling=GREEDY, depth=4, top_k=1, max_new_tokens=40).metrics
+    a = eng.generate(prompt, sampling=GREEDY, max_new_tokens=40).metrics
+    b = greedy_first.generate(prompt, sampling=GREEDY, max_new_tokens=40).metrics
     assert a.block_efficiency > b.block_efficiency
 
 
@@ -199,11 +207,11 @@ def test_tree_sampled_output_matches_target_law(rule, cfg, kw):
     prompt, length = [1, 3, 2], 3
     exact = exact_law(target, cfg, prompt, length, rule)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-12)
-    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(draft)))
+    eng = tree_engine(target, draft, **kw)
     counts: dict[tuple[int, ...], int] = {}
     accepted = 0
     for seed in range(N_SEQ):
-        out = eng.generate(prompt, rule=rule, sampling=cfg, max_new_tokens=length, seed=seed, **kw)
+        out = eng.generate(prompt, rule=rule, sampling=cfg, max_new_tokens=length, seed=seed)
         key = tuple(out.token_ids)
         assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
         counts[key] = counts.get(key, 0) + 1
@@ -223,16 +231,21 @@ def test_tree_sampled_output_matches_target_law(rule, cfg, kw):
 # -- caches and stops ----------------------------------------------------------------------------------------
 def test_caches_after_rounds_match_fresh_forward(target):
     draft = noisy_copy(target, 1.0, 2)
-    t_b, d_b = HFBackend(target), HFBackend(draft)
-    eng = TreeEngine(t_b, TreeDrafter(d_b))
     prompt = [3, 1, 4, 1, 5]
     for seed, kw in enumerate([dict(depth=4, top_k=2), dict(depth=4, top_k=3, budget=7), dict(sample=True)]):
-        out = eng.generate(prompt, sampling=SamplingConfig(temperature=1.0), max_new_tokens=15, seed=seed, **kw)
-        committed = prompt + out.token_ids
-        for backend, model in ((t_b, target), (d_b, draft)):
-            feed = backend.sync(committed)
-            assert backend.tokens == committed[: len(committed) - len(feed)]
-            assert (backend.extend(feed, 1)[0] - fresh_logits(model, committed)).abs().max() < 1e-4
+        eng = tree_engine(target, draft, **kw)
+        # three rows in one batch (different prompts and seeds), caches checked after every round
+        rows = [eng.start(Request(prompt[: 5 - i], sampling=SamplingConfig(temperature=1.0), max_new_tokens=15,
+                                  seed=10 * seed + i)) for i in range(3)]
+        while not all(r.done for r in rows):
+            eng.step(rows)
+            for r in rows:
+                if r.done:
+                    continue
+                for backend, model, brow in ((eng.target, target, r.target_row),
+                                             (eng.drafter.backend, draft, eng.drafter._brow[r.key])):
+                    got = backend.forward_ids(brow, r.ids)[0]
+                    assert (got - fresh_logits(model, r.ids)).abs().max() < 1e-4
 
 
 class _ToyTokenizer:
@@ -243,23 +256,23 @@ class _ToyTokenizer:
 def test_stops_and_limits(target):
     prompt = [1, 2, 3]
     ref = reference_greedy(target, prompt, 30)
-    eng = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)))
+    eng = tree_engine(target, target, depth=5, top_k=2)
     for n in (1, 2, 5, 7):  # never exceeds max_new_tokens even with a fully accepted deep tree
-        out = eng.generate(prompt, sampling=GREEDY, depth=5, top_k=2, max_new_tokens=n)
+        out = eng.generate(prompt, sampling=GREEDY, max_new_tokens=n)
         assert out.token_ids == ref[:n] and out.finish_reason == "length"
     eos = ref[5]
     k = ref.index(eos)
-    eng_eos = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)), eos_token_ids=[eos])
-    out = eng_eos.generate(prompt, sampling=GREEDY, depth=4, top_k=2, max_new_tokens=30)
+    eng_eos = tree_engine(target, target, eos_token_ids=[eos], depth=4, top_k=2)
+    out = eng_eos.generate(prompt, sampling=GREEDY, max_new_tokens=30)
     assert out.token_ids == ref[: k + 1] and out.finish_reason == "stop"
-    eng_txt = TreeEngine(HFBackend(target), TreeDrafter(HFBackend(target)), tokenizer=_ToyTokenizer())
+    eng_txt = tree_engine(target, target, tokenizer=_ToyTokenizer(), depth=4, top_k=2)
     stop = _ToyTokenizer().decode(ref[6:8])
-    out = eng_txt.generate(prompt, sampling=GREEDY, depth=4, top_k=2, max_new_tokens=30, stop=[stop])
+    out = eng_txt.generate(prompt, sampling=GREEDY, max_new_tokens=30, stop=[stop])
     full = _ToyTokenizer().decode(ref)
     assert out.finish_reason == "stop" and out.text == full[: full.find(stop)]
     small = tiny_qwen(1, vocab_size=64, logit_scale=4, max_context=12)
-    eng_ctx = TreeEngine(HFBackend(small), TreeDrafter(HFBackend(small)))
-    out = eng_ctx.generate(prompt, sampling=GREEDY, depth=4, top_k=2, max_new_tokens=30)
+    eng_ctx = tree_engine(small, small, depth=4, top_k=2)
+    out = eng_ctx.generate(prompt, sampling=GREEDY, max_new_tokens=30)
     assert len(prompt) + len(out.token_ids) == 12 and out.finish_reason == "length"
     assert out.token_ids == reference_greedy(small, prompt, 9)
     with pytest.raises(ValueError):

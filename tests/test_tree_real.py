@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from verispec import SamplingConfig, load_engine
+from verispec.drafters import TreeDrafter
+from verispec.engine import Engine
 from verispec.testing import skip_unless_real_pair
-from verispec.tree_engine import TreeEngine
 
 pytestmark = pytest.mark.real
 
@@ -18,9 +19,9 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def engine() -> TreeEngine:
+def engine() -> Engine:
     skip_unless_real_pair()
-    return TreeEngine.from_engine(load_engine(dtype="float32", cache=False), depth=4, top_k=2)
+    return load_engine(dtype="float32", cache=False)
 
 
 def test_real_pair_tree_greedy_equals_target_greedy(engine):
@@ -36,6 +37,7 @@ def test_real_pair_tree_greedy_equals_target_greedy(engine):
         )[0, len(ids) :].tolist()
     greedy = SamplingConfig(temperature=0)
     for kw in (dict(depth=4, top_k=2), dict(depth=5, top_k=3, budget=10)):
-        out = engine.generate(ids, sampling=greedy, max_new_tokens=NEW_TOKENS, **kw)
+        tree = Engine(engine.target, TreeDrafter(engine.drafter.backend, **kw), engine.tokenizer, engine.eos_token_ids)
+        out = tree.generate(ids, sampling=greedy, max_new_tokens=NEW_TOKENS)
         assert out.token_ids == ref, kw
         assert out.metrics.accepted > 0  # a trained pair agrees on something

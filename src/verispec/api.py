@@ -1,4 +1,4 @@
-"""High-level entry points: load an engine once (cached), or ``generate`` in one call."""
+"""High-level entry points: load an engine (kept in an explicit cache), or ``generate`` in one call."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import torch
 
 from . import models
 from .backends.hf import HFBackend
-from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from .engine import GenerationResult, SpeculativeEngine
+from .config import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
+from .drafters import BaseDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+from .engine import Engine, GenerationResult
 from .processors import SamplingConfig
 from .rules import Rule, get
 
-__all__ = ["DRAFTERS", "generate", "load_engine"]
-
-DRAFTERS = ("model", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "tree", "none")
-_ENGINES: dict[tuple, SpeculativeEngine] = {}
+__all__ = ["DRAFTERS", "ENGINES", "EngineCache", "build_drafter", "generate", "load_engine"]
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: object, name: str) -> list[int]:
@@ -35,7 +33,7 @@ def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, thr
     from .backends.llamacpp import LlamaCppBackend
 
     if draft is None:
-        raise ValueError("drafter 'llamacpp' needs a draft model")
+        raise ValueError("a llama.cpp drafter needs a draft model")
     key = os.fspath(draft)
     if key in models.REGISTRY:
         path = models.gguf_path(key)
@@ -44,9 +42,67 @@ def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, thr
     elif key.endswith(".gguf"):
         path = key
     else:
-        raise ValueError("drafter 'llamacpp' needs a registered draft name or a .gguf file")
+        raise ValueError("a llama.cpp drafter needs a registered draft name or a .gguf file")
     # one llama.cpp thread: its threads spin-wait on each other and stall when they share 2 cores with torch
     return LlamaCppBackend(path, n_threads=1 if threads is None else max(1, threads // 2), vocab_size=vocab_size)
+
+
+def build_drafter(
+    drafter: str,
+    draft: str | os.PathLike[str] | None,
+    target_tokenizer: object,
+    target_config: object,
+    dtype: str = "bfloat16",
+    threads: int | None = None,
+    tree: dict | None = None,
+) -> BaseDrafter | None:
+    """The drafter named ``drafter`` (see :data:`verispec.config.DRAFTERS`) on the ``draft`` model.
+
+    ``tree``: :class:`~verispec.drafters.TreeDrafter` options (depth, top_k, budget, width, sample).
+    A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
+    """
+    spec = drafter_spec(drafter)
+    if spec.uses_draft_model and draft is None:
+        raise ValueError(f"drafter {drafter!r} needs a draft model")
+    backend = None
+    if spec.draft_backend == "hf":
+        d_model, d_tok = models.load_model(draft, dtype=dtype)  # type: ignore[arg-type]
+        models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
+        backend = HFBackend(d_model)
+    elif spec.draft_backend == "llamacpp":
+        backend = _llamacpp_backend(draft, target_config.vocab_size, threads)  # type: ignore[attr-defined]
+    if drafter == "none":
+        return None
+    if drafter == "ngram":
+        return NgramDrafter()
+    if drafter == "tree":
+        return TreeDrafter(backend, **(tree or {}))  # type: ignore[arg-type]
+    chain = ModelDrafter(backend)  # type: ignore[arg-type]
+    return HybridDrafter(chain) if drafter.startswith("ngram+") else chain
+
+
+class EngineCache:
+    """Loaded engines by (target, draft, drafter, dtype, threads, tree options): loading the pair takes
+    seconds, so :func:`load_engine` and :func:`generate` reuse them. ``clear()`` frees them."""
+
+    def __init__(self) -> None:
+        self._engines: dict[tuple, Engine] = {}
+
+    def get(self, key: tuple) -> Engine | None:
+        return self._engines.get(key)
+
+    def put(self, key: tuple, engine: Engine) -> None:
+        self._engines[key] = engine
+
+    def clear(self) -> None:
+        self._engines.clear()
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+
+#: the process-wide engine cache used by :func:`load_engine` (pass ``cache=False`` to bypass it)
+ENGINES = EngineCache()
 
 
 def load_engine(
@@ -56,45 +112,29 @@ def load_engine(
     dtype: str = "bfloat16",
     threads: int | None = None,
     cache: bool = True,
-) -> SpeculativeEngine:
+    tree: dict | None = None,
+) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
-    ``drafter``: "model" (the draft model, chain), "tree" (the draft model, token trees verified in one target
-    forward with tree attention; a :class:`~verispec.tree_engine.TreeEngine`), "llamacpp" (the draft's GGUF run
-    by llama.cpp, about 4x cheaper per draft token on CPU; needs ``requirements-fast.txt``), "ngram" (prompt
-    lookup, no draft model), "ngram+model" / "ngram+llamacpp" (prompt lookup when the last tokens occurred
-    before, else that draft; :class:`~verispec.drafters.HybridDrafter`) or "none" (target only).
-    A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
+    ``drafter`` is one of :data:`verispec.config.DRAFTERS`: "model" (the draft model, chain), "tree" (token
+    trees verified in one target forward with tree attention; ``tree`` holds the tree drafter's options),
+    "llamacpp" (the draft's GGUF run by llama.cpp, about 4x cheaper per draft token on CPU; needs
+    ``requirements-fast.txt``), "ngram" (prompt lookup), "ngram+model" / "ngram+llamacpp" (prompt lookup when
+    the last tokens occurred before, else that draft) or "none" (target only).
     """
-    if drafter not in DRAFTERS:
-        raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
+    drafter_spec(drafter)
     if threads:
         torch.set_num_threads(threads)
-    key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype)
-    if cache and key in _ENGINES:
-        return _ENGINES[key]
+    key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
+           tuple(sorted((tree or {}).items())))
+    if cache and (hit := ENGINES.get(key)) is not None:
+        return hit
     t_model, tok = models.load_model(target, dtype=dtype)
-    draft_impl = None
     eos = _eos_ids(t_model, tok, os.fspath(target))
-    if drafter in ("model", "tree", "ngram+model"):
-        if draft is None:
-            raise ValueError(f"drafter {drafter!r} needs a draft model")
-        d_model, d_tok = models.load_model(draft, dtype=dtype)
-        models.check_same_vocab(tok, d_tok, t_model.config, d_model.config)
-        draft_impl = ModelDrafter(HFBackend(d_model))
-    elif drafter in ("llamacpp", "ngram+llamacpp"):
-        draft_impl = ModelDrafter(_llamacpp_backend(draft, t_model.config.vocab_size, threads))
-    elif drafter == "ngram":
-        draft_impl = NgramDrafter()
-    if drafter.startswith("ngram+"):
-        draft_impl = HybridDrafter(draft_impl)
-    engine = SpeculativeEngine(HFBackend(t_model), draft_impl, tok, eos)
-    if drafter == "tree":
-        from .tree_engine import TreeEngine
-
-        engine = TreeEngine.from_engine(engine)
+    draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree)
+    engine = Engine(HFBackend(t_model), draft_impl, tok, eos)
     if cache:
-        _ENGINES[key] = engine
+        ENGINES.put(key, engine)
     return engine
 
 
@@ -106,8 +146,8 @@ def generate(
     drafter: str = "model",
     rule: str | Rule = "lossless",
     rule_params: dict | None = None,
-    gamma: int | str = 5,
-    temperature: float = 1.0,
+    gamma: int | str | None = None,
+    temperature: float = DEFAULT_TEMPERATURE,
     top_p: float | None = None,
     top_k: int | None = None,
     min_p: float | None = None,
@@ -137,7 +177,7 @@ def generate(
     )
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
     engine = load_engine(target, draft, drafter, dtype)
-    return engine.generate(
+    return engine.generate(  # type: ignore[return-value]
         prompt_or_ids,
         rule=rule_obj,
         sampling=cfg,
@@ -147,3 +187,4 @@ def generate(
         seed=seed,
         chat=chat,
     )
+

@@ -14,6 +14,8 @@ import math
 
 import click
 
+from .config import DEFAULT_TEMPERATURE, DRAFTERS
+
 __all__ = ["main"]
 
 SUM_TOL = 1e-6
@@ -231,17 +233,18 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
 @click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
-@click.option("--drafter", type=click.Choice(["model", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "tree"]),
-              default="model", show_default=True,
-              help="model: chain from the draft model; llamacpp: the same draft run by llama.cpp "
-              "(pip install -r requirements-fast.txt); tree: token tree (depth = --gamma); ngram: prompt lookup; "
-              "ngram+X: prompt lookup when it matches, else X.")
+@click.option("--drafter", type=click.Choice([d for d in DRAFTERS if d != "none"]), default="model",
+              show_default=True,
+              help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values() if s.name != "none") + ".")
+@click.option("--tree-depth", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Tree depth when --gamma is not given.")
 @click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
 @click.option("--tree-budget", default=None, type=click.IntRange(min=1),
               help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")
-@click.option("--gamma", default="5", show_default=True, help="Draft length, or 'auto' (adaptive per round).")
-@click.option("--temperature", default=0.7, show_default=True, type=float, help="0 means greedy.")
+@click.option("--gamma", default=None,
+              help="Draft length (tree: depth), or 'auto' (adaptive per round). Default: 5 (tree: --tree-depth).")
+@click.option("--temperature", default=DEFAULT_TEMPERATURE, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-p", default=None, type=float)
 @click.option("--top-k", default=None, type=int)
 @click.option("--min-p", default=None, type=float, help="min-p p_base applied to target and draft.")
@@ -256,8 +259,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
-             params: tuple[str, ...], drafter: str, tree_top_k: int, tree_budget: int | None, no_draft: bool,
-             gamma: str, temperature: float,
+             params: tuple[str, ...], drafter: str, tree_depth: int, tree_top_k: int, tree_budget: int | None,
+             no_draft: bool, gamma: str | None, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
              stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, as_json: bool) -> None:
@@ -267,22 +270,18 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     from .processors import SamplingConfig
 
     try:
-        gamma_v: int | str = gamma if gamma == "auto" else int(gamma)
+        gamma_v: int | str | None = gamma if gamma in (None, "auto") else int(gamma)
         if isinstance(gamma_v, int) and gamma_v < 0:
             raise ValueError(f"--gamma must be >= 0 or 'auto', got {gamma}")
         rule = rules.get(rule_name, **rules.parse_params(params))
         cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
                              repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                              presence_penalty=presence_penalty)
+        tree = {"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget} if drafter == "tree" else None
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
-                             "none" if no_draft else drafter, dtype, threads)
-        extra: dict = {}
-        if drafter == "tree" and not no_draft:
-            if gamma_v == "auto":
-                raise ValueError("--gamma auto is for chain drafting; give the tree depth as an integer")
-            extra = {"top_k": tree_top_k, "budget": tree_budget}
-        result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=0 if no_draft else gamma_v,
-                                 max_new_tokens=max_new_tokens, stop=stop, seed=seed, chat=chat, **extra)
+                             "none" if no_draft else drafter, dtype, threads, tree=tree)
+        result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
+                                 stop=list(stop), seed=seed, chat=chat)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:

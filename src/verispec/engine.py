@@ -1,10 +1,18 @@
-"""The speculative decoding loop: draft -> score -> process -> verify -> commit / roll back -> stop checks.
+"""The one speculative decoding loop, for a batch of independent rows: propose -> score -> process -> verify ->
+commit / roll back -> stop checks -> metrics.
 
-One round (tutorial sections 2, 5, 6): the drafter proposes up to gamma tokens; the target scores the
-uncommitted history plus the drafts in ONE forward pass, giving p_1..p_{gamma+1}; the rule accepts a prefix
-and adds one correction or bonus token. The target's cache keeps the KV of the committed history and of the
-accepted drafts only; the new correction/bonus token gets its KV when it is fed next round. The draft's
-cache is rolled back to the committed history the same way (see ``HFBackend.sync``).
+One round (tutorial sections 2, 5, 6; Appendix H.1 for trees): the drafter proposes, for every row, a chain or
+a token tree of at most gamma levels; the target scores each row's uncommitted history plus its proposal in
+ONE batched forward, giving p after the root and after every node; the row's rule accepts a root-down path
+(chains: the vectorised :func:`~verispec.verify.verify_block`; trees: the walk
+:func:`~verispec.tree.verify_tree`) and adds one correction or bonus token. Target and draft keep the KV of
+the committed history and of the accepted path only; the new correction/bonus token gets its KV when it is
+fed next round.
+
+Rows are independent: each has its own rule, sampling settings, stop conditions, draft length and random
+generator (seeded by the request), so a seeded row's output does not depend on which rows share its batch.
+:class:`~verispec.scheduler.Scheduler` moves rows in and out between rounds; :meth:`Engine.generate` is the
+convenience that runs one prompt or a list of prompts to completion through it.
 """
 
 from __future__ import annotations
@@ -12,65 +20,86 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
-from .backends.hf import HFBackend
-from .drafters.base import Draft, DraftContext, Drafter
-from .processors import SamplingConfig, apply_penalties, history_counts, process
+from .backends.base import Backend, ScoreRequest
+from .drafters.base import Drafter, DraftRequest, Proposal, check_gamma
+from .processors import History, SamplingConfig, apply_penalties, process
 from .rules import Rule, get
-from .schedule import AdaptiveGamma
+from .tree import TokenTree, check_tree_rule, verify_tree
 from .verify import verify_block, verify_greedy
 
-__all__ = ["GenerationResult", "Metrics", "SpeculativeEngine"]
+__all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
 
 
 @dataclass
 class Metrics:
-    """Per-request counters.
+    """Per-request counters, with the same meaning for chains and trees.
 
-    ``block_efficiency`` is the paper's BE: accepted drafted tokens per target step (bonus excluded).
-    ``tokens_per_round`` includes the correction/bonus token. ``acceptance_per_position[i]`` is the fraction of
-    rounds that reached draft position i and accepted it.
+    ``drafted``: drafted tokens, i.e. the proposal depth summed over rounds (a chain's length; a tree's longest
+    path: the most tokens a round could accept). ``proposed_nodes``: nodes scored by the target (equal to
+    ``drafted`` for chains). ``accepted``: accepted drafted tokens; ``emitted_accepted``: those that were also
+    emitted (not cut by EOS, a stop string, max_new_tokens or the context). ``block_efficiency`` is the
+    paper's BE: emitted accepted drafted tokens per target step (bonus excluded). ``accepted_fraction`` =
+    accepted / drafted (not the tutorial's acceptance A = sum_x min(p, q), which needs p and q: see the
+    estimator). ``acceptance_per_position[i]``: of the rounds whose verification reached depth i + 1, the
+    fraction that accepted a token there. Time: the wall time of the shared phases (a batched forward counts
+    fully for every row it served) and of the row's own verification.
     """
 
     rounds: int = 0
     drafted: int = 0
+    proposed_nodes: int = 0
     accepted: int = 0
+    emitted_accepted: int = 0
     new_tokens: int = 0
     reached_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
+    per_round_nodes: list[int] = field(default_factory=list)
+    per_round_emitted: list[int] = field(default_factory=list)  # emitted accepted drafts per round
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
     draft_forward_calls: int = 0
+    time_to_first_token_s: float | None = None
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record_round(self, drafted: int, nodes: int, accepted: int, emitted_accepted: int, reached: int) -> None:
+        """One verified round: ``reached`` = depths the verification examined (accepted, +1 on a rejection)."""
         self.rounds += 1
         self.drafted += drafted
+        self.proposed_nodes += nodes
         self.accepted += accepted
+        self.emitted_accepted += emitted_accepted
         self.per_round.append((drafted, accepted))
-        while len(self.reached_per_position) < drafted:
+        self.per_round_nodes.append(nodes)
+        self.per_round_emitted.append(emitted_accepted)
+        while len(self.reached_per_position) < reached:
             self.reached_per_position.append(0)
             self.accepted_per_position.append(0)
-        for i in range(min(drafted, accepted + 1)):
+        for i in range(reached):
             self.reached_per_position[i] += 1
             if i < accepted:
                 self.accepted_per_position[i] += 1
 
     @property
     def block_efficiency(self) -> float:
-        return self.accepted / self.rounds if self.rounds else 0.0
+        return self.emitted_accepted / self.rounds if self.rounds else 0.0
 
     @property
     def tokens_per_round(self) -> float:
         return self.new_tokens / self.rounds if self.rounds else 0.0
 
     @property
-    def acceptance_rate(self) -> float:
+    def accepted_fraction(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def nodes_per_round(self) -> float:
+        return self.proposed_nodes / self.rounds if self.rounds else 0.0
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -87,11 +116,13 @@ class Metrics:
     def to_dict(self, per_round: bool = False) -> dict:
         d = asdict(self)
         if not per_round:
-            d.pop("per_round")
+            for k in ("per_round", "per_round_nodes", "per_round_emitted"):
+                d.pop(k)
         d.update(
             block_efficiency=self.block_efficiency,
             tokens_per_round=self.tokens_per_round,
-            acceptance_rate=self.acceptance_rate,
+            accepted_fraction=self.accepted_fraction,
+            nodes_per_round=self.nodes_per_round,
             acceptance_per_position=self.acceptance_per_position,
             other_s=self.other_s,
             tokens_per_s=self.tokens_per_s,
@@ -103,55 +134,83 @@ class Metrics:
 class GenerationResult:
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: str  # "stop", "length", or "error" (a request of a batch that was refused; see ``error``)
     metrics: Metrics
     prompt_ids: list[int] = field(default_factory=list)
+    error: str | None = None
 
     def to_dict(self, per_round: bool = False) -> dict:
-        return {
+        d = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "metrics": self.metrics.to_dict(per_round),
         }
+        if self.error is not None:
+            d["error"] = self.error
+        return d
 
 
-class _Progress:
-    """The committed state of one request: ids (prompt + output), the output, token counts, how it ended."""
+@dataclass
+class Request:
+    """What one generation asks for. ``gamma=None`` takes the drafter's default (5 for chains, the tree
+    drafter's depth); ``"auto"`` adapts it per round."""
 
-    def __init__(self, prompt_ids: list[int], cfg: SamplingConfig, vocab: int) -> None:
-        self.prompt_ids, self.cfg = prompt_ids, cfg
+    prompt: str | Sequence[int]
+    rule: Rule | str = "lossless"
+    sampling: SamplingConfig | None = None
+    gamma: int | str | None = None
+    max_new_tokens: int = 128
+    stop: Sequence[str] = ()
+    seed: int = 0
+    chat: bool = False
+
+
+class Row:
+    """The state of one request being decoded: its settings, committed ids, history, generator, metrics."""
+
+    def __init__(self, key: int, req: Request, rule: Rule, cfg: SamplingConfig, prompt_ids: list[int],
+                 vocab: int, target_row: int) -> None:
+        self.key, self.request, self.rule, self.cfg = key, req, rule, cfg
+        self.prompt_ids = prompt_ids
         self.ids, self.new = list(prompt_ids), []
-        self.counts = torch.zeros(vocab, dtype=torch.long)
-        if cfg.uses_history:
-            self.counts.index_add_(0, torch.tensor(prompt_ids), torch.ones(len(prompt_ids), dtype=torch.long))
+        self.history = History.of(prompt_ids, [], vocab) if cfg.uses_history else None
+        self.generator = torch.Generator().manual_seed(int(req.seed))
+        self.target_row = target_row
         self.finish: str | None = None
         self.stop_at: int | None = None
+        self.metrics = Metrics()
+        self.start = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
 
 
-class SpeculativeEngine:
-    """Holds a loaded target (and optionally a drafter) for reuse across requests.
+class Engine:
+    """Holds a loaded target (and optionally a drafter) and decodes rows with them, one round at a time.
 
-    ``drafter=None`` decodes with the target alone through the same code path (gamma = 0 every round).
+    ``drafter=None`` decodes with the target alone through the same code path (nothing proposed).
     """
 
     def __init__(
         self,
-        target: HFBackend,
+        target: Backend,
         drafter: Drafter | None = None,
-        tokenizer: object | None = None,
+        tokenizer: Any | None = None,
         eos_token_ids: Sequence[int] = (),
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
-        self.eos_token_ids = set(int(t) for t in eos_token_ids)
+        self.eos_token_ids = {int(t) for t in eos_token_ids}
+        self._next_key = 0
 
-    # -- helpers -------------------------------------------------------------------------------------------
-    def _decode(self, ids: list[int]) -> str:
+    # -- text ------------------------------------------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Token ids of a prompt (ids pass through); ``chat`` applies the tokenizer's chat template."""
@@ -164,86 +223,45 @@ class SpeculativeEngine:
             return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
         return list(self.tokenizer(prompt)["input_ids"])
 
-    # -- the loop ------------------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        rule: Rule | str = "lossless",
-        sampling: SamplingConfig | None = None,
-        gamma: int | str = 5,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] = (),
-        seed: int = 0,
-        chat: bool = False,
-        gamma_max: int = 8,
-    ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens; stops on EOS ids and ``stop`` strings, never overshooting.
-
-        ``gamma="auto"`` picks the draft length each round (up to ``gamma_max``) from measured acceptance and
-        costs (:class:`~verispec.schedule.AdaptiveGamma`).
-        """
-        cfg = sampling or SamplingConfig()
-        rule = get(rule) if isinstance(rule, str) else rule
-        schedule = AdaptiveGamma(gamma_max) if gamma == "auto" else None
-        if schedule is None and (not isinstance(gamma, int) or gamma < 0):
-            raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
-        prompt_ids = self._check_prompt(prompt, chat, max_new_tokens)
-        limit = self.target.max_context
-        start = time.perf_counter()
-        m = Metrics()
-        gen = torch.Generator().manual_seed(seed)
-        self.target.reset()
+    # -- rows ------------------------------------------------------------------------------------------------
+    def start(self, req: Request) -> Row:
+        """Validate a request and allocate its row in the target and the drafter (raises ValueError)."""
+        cfg = req.sampling or SamplingConfig()
+        rule = get(req.rule) if isinstance(req.rule, str) else req.rule
+        if not isinstance(rule, Rule):
+            raise ValueError(f"rule must be a rule name or a Rule, got {type(rule).__name__}")
+        check_gamma(req.gamma)
+        if getattr(self.drafter, "name", "") == "tree":
+            check_tree_rule(rule)
+        if isinstance(req.max_new_tokens, bool) or not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}")
+        if isinstance(req.stop, str):
+            raise ValueError("stop must be a list of strings, not a string")
+        prompt_ids = self._check_prompt(req.prompt, req.chat)
+        key = self._next_key
+        self._next_key += 1
+        row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, self.target.add_row())
         if self.drafter is not None:
-            self.drafter.reset()
-        st = _Progress(prompt_ids, cfg, self.target.vocab_size)
-        counts, ids, new = st.counts, st.ids, st.new
-        ctx = DraftContext(cfg=cfg, rule=rule, generator=gen, counts=counts)
-        greedy_path = cfg.greedy and rule.lossless
+            self.drafter.add_row(key, req.gamma)
+        return row
 
-        while st.finish is None:
-            room = limit - len(ids)
-            wanted = schedule.choose() if schedule is not None else gamma
-            g = max(min(wanted, max_new_tokens - len(new) - 1, room - 1), 0)
-            draft = Draft([])
-            if self.drafter is not None and g > 0:
-                draft = self.drafter.propose(ids, g, ctx)
-                m.draft_s += draft.seconds
-                m.draft_forward_calls += draft.forward_calls
-            y = draft.tokens[:g]
+    def release(self, row: Row) -> None:
+        """Free a row's caches (finished or cancelled)."""
+        self.target.remove_row(row.target_row)
+        if self.drafter is not None:
+            self.drafter.remove_row(row.key)
 
-            t0 = time.perf_counter()
-            logits = self.target.extend(self.target.sync(ids) + y, len(y) + 1)
-            t1 = time.perf_counter()
-            y_t = torch.tensor([y], dtype=torch.long)
-            rows = history_counts(counts, y_t[0]) if cfg.uses_history else None
-            if greedy_path:
-                if rows is not None:
-                    logits = apply_penalties(logits, rows.to(logits.device), cfg)
-                res = verify_greedy(y_t, logits.argmax(-1, keepdim=False).unsqueeze(0))
-            else:
-                p = process(logits, cfg, rows)
-                q = draft.q[: len(y)].unsqueeze(0) if draft.q is not None else None
-                res = verify_block(rule, y_t, q, p.unsqueeze(0), gen)
-            n = int(res.num_accepted[0])
-            emitted = res.emitted(0)
-            # KV kept: committed history + accepted drafts; the new last token is fed next round.
-            self.target.truncate(len(ids) + n)
-            t2 = time.perf_counter()
-            m.target_s += t1 - t0
-            m.verify_s += t2 - t1
-            m.record_round(len(y), n)
-            if schedule is not None:
-                schedule.update(len(y), n, draft.seconds, t1 - t0)
+    def result(self, row: Row) -> GenerationResult:
+        m = row.metrics
+        m.new_tokens = len(row.new)
+        m.total_s = time.perf_counter() - row.start
+        text = self.decode(row.new)
+        if row.stop_at is not None:
+            text = text[: row.stop_at]
+        return GenerationResult(text, list(row.new), row.finish or "length", m, row.prompt_ids)
 
-            self._commit(st, emitted, stop, max_new_tokens)
-        return self._result(st, m, start)
-
-    # -- pieces shared with the tree loop ------------------------------------------------------------------
-    def _check_prompt(self, prompt: str | Sequence[int], chat: bool, max_new_tokens: int) -> list[int]:
+    def _check_prompt(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
         """Encode and validate a prompt: not empty, ids in the vocabulary, room left in the context."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         prompt_ids = self.encode(prompt, chat)
         if not prompt_ids:
             raise ValueError("empty prompt")
@@ -255,32 +273,180 @@ class SpeculativeEngine:
             raise ValueError(f"prompt token id out of the vocabulary [0, {vocab})")
         return prompt_ids
 
-    def _commit(self, st: _Progress, emitted: Sequence[int], stop: Sequence[str], max_new_tokens: int) -> None:
-        """Append a round's tokens one by one, stopping at EOS, a stop string, max_new_tokens or the context."""
-        for tok in emitted:
-            st.ids.append(tok)
-            st.new.append(tok)
-            if st.cfg.uses_history:
-                st.counts[tok] += 1
-            if tok in self.eos_token_ids:
-                st.finish = "stop"
-            elif stop and (hit := self._find_stop(st.new, stop)) is not None:
-                st.finish, st.stop_at = "stop", hit
-            elif len(st.new) >= max_new_tokens or len(st.ids) >= self.target.max_context:
-                st.finish = "length"
-            if st.finish is not None:
-                return
+    # -- the round -------------------------------------------------------------------------------------------
+    def step(self, rows: Sequence[Row]) -> list[list[int]]:
+        """One round for every unfinished row; returns the tokens each row committed this round."""
+        everyone = list(rows)
+        rows = [r for r in everyone if not r.done]
+        if not rows:
+            return [[] for _ in everyone]
+        limit = self.target.max_context
+        proposals = [Proposal() for _ in rows]
+        draft_s = 0.0
+        if self.drafter is not None:
+            reqs = []
+            for r in rows:
+                max_len = max(min(r.request.max_new_tokens - len(r.new) - 1, limit - len(r.ids) - 1), 0)
+                untempered = r.cfg.greedy and not r.rule.lossless
+                reqs.append(DraftRequest(r.key, r.ids, max_len, r.cfg, r.rule, r.generator, r.history, untempered))
+            t0 = time.perf_counter()
+            proposals = self.drafter.propose(reqs)
+            draft_s = time.perf_counter() - t0
 
-    def _result(self, st: _Progress, m: Metrics, start: float) -> GenerationResult:
-        m.new_tokens = len(st.new)
-        m.total_s = time.perf_counter() - start
-        text = self._decode(st.new)
-        if st.stop_at is not None:
-            text = text[: st.stop_at]
-        return GenerationResult(text, st.new, st.finish or "length", m, st.prompt_ids)
+        t0 = time.perf_counter()
+        logits = self.target.score(
+            [ScoreRequest(r.target_row, r.ids, list(p.tokens), list(p.parents)) for r, p in zip(rows, proposals,
+                                                                                                 strict=True)]
+        )
+        target_s = time.perf_counter() - t0
+
+        out: dict[int, list[int]] = {}
+        for r, prop, lg in zip(rows, proposals, logits, strict=True):
+            t1 = time.perf_counter()
+            path, emitted, reached = self._verify(r, prop, lg.cpu())
+            self.target.commit(r.target_row, path)
+            if self.drafter is not None:
+                self.drafter.commit(r.key, prop, path)
+            verify_s = time.perf_counter() - t1
+            before = len(r.new)
+            self._commit(r, emitted)
+            appended = r.new[before:]
+            m = r.metrics
+            m.draft_s += draft_s
+            m.draft_forward_calls += prop.forward_calls
+            m.target_s += target_s
+            m.verify_s += verify_s
+            m.record_round(prop.depth, len(prop), len(path), min(len(path), len(appended)), reached)
+            if m.time_to_first_token_s is None and appended:
+                m.time_to_first_token_s = time.perf_counter() - r.start
+            if self.drafter is not None:
+                self.drafter.update(r.key, prop, len(path), target_s)
+            out[r.key] = appended
+        return [out.get(r.key, []) for r in everyone]
+
+    def _verify(self, r: Row, prop: Proposal, logits: torch.Tensor) -> tuple[list[int], list[int], int]:
+        """Apply the row's rule: (accepted path, emitted tokens, depths reached)."""
+        if prop.is_chain:
+            y = list(prop.tokens)
+            y_t = torch.tensor([y], dtype=torch.long)
+            hist = r.history.prefixes(y) if r.history is not None else None
+            if r.cfg.greedy and r.rule.lossless:
+                if hist is not None:
+                    logits = apply_penalties(logits, hist, r.cfg)
+                res = verify_greedy(y_t, logits.argmax(-1).unsqueeze(0))
+            else:
+                p = process(logits, r.cfg, hist)
+                q = prop.q.unsqueeze(0) if prop.q is not None and not r.cfg.greedy else None
+                res = verify_block(r.rule, y_t, q, p.unsqueeze(0), r.generator)
+            n = int(res.num_accepted[0])
+            return list(range(n)), res.emitted(0), min(len(y), n + 1)
+        tree = TokenTree(list(prop.tokens), list(prop.parents), prop.child_q() if not r.cfg.greedy else {})
+
+        def dist(node: int) -> torch.Tensor:
+            hist = r.history.extended(tree.path_tokens(node)) if r.history is not None else None
+            return process(logits[node + 1], r.cfg, hist)
+
+        res = verify_tree(r.rule, tree, dist, r.generator)
+        return res.path, res.tokens, res.accepted + (1 if res.rejected else 0)
+
+    def _commit(self, r: Row, emitted: Sequence[int]) -> None:
+        """Append a round's tokens one by one, stopping at EOS, a stop string, max_new_tokens or the context."""
+        stop = r.request.stop
+        for tok in emitted:
+            r.ids.append(tok)
+            r.new.append(tok)
+            if r.history is not None:
+                r.history.extend([tok])
+            if tok in self.eos_token_ids:
+                r.finish = "stop"
+            elif stop and (hit := self._find_stop(r.new, stop)) is not None:
+                r.finish, r.stop_at = "stop", hit
+            elif len(r.new) >= r.request.max_new_tokens or len(r.ids) >= self.target.max_context:
+                r.finish = "length"
+            if r.finish is not None:
+                return
 
     def _find_stop(self, new: list[int], stop: Sequence[str]) -> int | None:
         """Index in the decoded output where the earliest stop string begins, or None."""
-        text = self._decode(new)
+        text = self.decode(new)
         hits = [i for s in stop if s and (i := text.find(s)) >= 0]
         return min(hits) if hits else None
+
+    # -- convenience ------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
+        *,
+        rule: Rule | str | Sequence[Rule | str] = "lossless",
+        sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
+        gamma: int | str | None | Sequence[int | str | None] = None,
+        max_new_tokens: int | Sequence[int] = 128,
+        stop: Sequence[str] | Sequence[Sequence[str]] = (),
+        seed: int | Sequence[int] = 0,
+        chat: bool | Sequence[bool] = False,
+        batch_size: int | None = None,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
+        (returns a list in the same order; a bad request gets ``finish_reason="error"`` and its ``error``
+        message without disturbing the others).
+
+        A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
+        Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
+        and ``stop`` strings, never overshooting ``max_new_tokens``.
+        """
+        from .scheduler import Scheduler
+
+        single = isinstance(prompt, str) or len(prompt) == 0 or not isinstance(prompt[0], str | list | tuple)  # type: ignore[index]
+        prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
+        n = len(prompts)
+        settings = {
+            "rule": _per_row("rule", rule, n, (Rule, str)),
+            "sampling": _per_row("sampling", sampling, n, (SamplingConfig, type(None))),
+            "gamma": _per_row("gamma", gamma, n, (int, str, type(None))),
+            "max_new_tokens": _per_row("max_new_tokens", max_new_tokens, n, (int,)),
+            "stop": _per_row_stop(stop, n),
+            "seed": _per_row("seed", seed, n, (int,)),
+            "chat": _per_row("chat", chat, n, (bool,)),
+        }
+        requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
+        if single:
+            sched = Scheduler(self, max_batch=1)
+            handle = sched.submit(requests[0])  # raises on bad input
+            sched.run()
+            return handle.result  # type: ignore[return-value]
+        sched = Scheduler(self, max_batch=batch_size or max(n, 1))
+        handles = []
+        for req in requests:
+            try:
+                handles.append(sched.submit(req))
+            except ValueError as exc:
+                handles.append(str(exc))
+        sched.run()
+        return [
+            h.result if not isinstance(h, str) else GenerationResult("", [], "error", Metrics(), [], error=h)
+            for h in handles
+        ]
+
+
+def _per_row(name: str, value: object, n: int, scalar: tuple[type, ...]) -> list:
+    if isinstance(value, scalar) and not isinstance(value, list | tuple):
+        return [value] * n
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} values for {n} prompts")
+        return list(value)
+    return [value] * n
+
+
+def _per_row_stop(stop: Sequence[str] | Sequence[Sequence[str]], n: int) -> list[Sequence[str]]:
+    if isinstance(stop, str):
+        raise ValueError("stop must be a list of strings, not a string")
+    if stop and all(isinstance(s, list | tuple) for s in stop):
+        if len(stop) != n:
+            raise ValueError(f"stop has {len(stop)} lists for {n} prompts")
+        return [list(s) for s in stop]
+    return [list(stop)] * n  # type: ignore[arg-type]
+
+
+#: the name the chain loop had before chains and trees shared one engine
+SpeculativeEngine = Engine

@@ -87,22 +87,66 @@ class SamplingConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Apply history penalties given per-token occurrence ``counts`` (same shape as ``logits``).
+class History:
+    """Token occurrence counts of a sequence's history, as the penalties need them.
 
-    Repetition penalty as in CTRL / Hugging Face: a seen token's logit is divided by the penalty when
-    positive and multiplied when negative. Frequency and presence penalties as in the OpenAI API:
-    ``logit -= frequency * count + presence * [count > 0]``.
+    ``all`` counts prompt + generated tokens: the repetition penalty uses it, as Hugging Face's
+    ``RepetitionPenaltyLogitsProcessor`` does. ``generated`` counts generated tokens only: the frequency and
+    presence penalties use it, as the OpenAI API and vLLM define them. Both are [..., V] long tensors; a
+    leading dimension holds one history per row (e.g. every prefix of a drafted block, :meth:`prefixes`).
+    This is the one place penalty histories are built; the engine, drafters and estimator all use it.
+    """
+
+    __slots__ = ("all", "generated")
+
+    def __init__(self, all_counts: torch.Tensor, generated: torch.Tensor) -> None:
+        self.all, self.generated = all_counts, generated
+
+    @classmethod
+    def of(cls, prompt_ids: list[int], generated_ids: list[int], vocab_size: int) -> History:
+        """The history of ``prompt_ids`` followed by ``generated_ids``."""
+        h = cls(torch.zeros(vocab_size, dtype=torch.long), torch.zeros(vocab_size, dtype=torch.long))
+        if prompt_ids:
+            h.all.index_add_(0, torch.tensor(prompt_ids), torch.ones(len(prompt_ids), dtype=torch.long))
+        h.extend(generated_ids)
+        return h
+
+    def extend(self, tokens: list[int]) -> None:
+        """Count generated ``tokens`` in place."""
+        for tok in tokens:
+            self.all[..., tok] += 1
+            self.generated[..., tok] += 1
+
+    def extended(self, tokens: list[int]) -> History:
+        """A copy with generated ``tokens`` counted (the history of a candidate path)."""
+        out = History(self.all.clone(), self.generated.clone())
+        out.extend(tokens)
+        return out
+
+    def prefixes(self, tokens: list[int] | torch.Tensor) -> History:
+        """Histories of ``committed + tokens[:i]`` for i = 0..n, stacked as [n + 1, V] (one per block position)."""
+        t = torch.as_tensor(tokens, dtype=torch.long)
+        return History(history_counts(self.all, t), history_counts(self.generated, t))
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor | History, cfg: SamplingConfig) -> torch.Tensor:
+    """Apply history penalties given per-token occurrence counts (same shape as ``logits``).
+
+    Repetition penalty as in CTRL / Hugging Face, over prompt + generated tokens (``History.all``): a seen
+    token's logit is divided by the penalty when positive and multiplied when negative. Frequency and presence
+    penalties as in the OpenAI API / vLLM, over generated tokens only (``History.generated``):
+    ``logit -= frequency * count + presence * [count > 0]``. A plain tensor of counts is used for both.
     """
     if not cfg.uses_history:
         return logits
-    seen = counts > 0
+    all_counts, gen = (counts.all, counts.generated) if isinstance(counts, History) else (counts, counts)
     out = logits
     if cfg.repetition_penalty != 1.0:
         pen = torch.where(out > 0, out / cfg.repetition_penalty, out * cfg.repetition_penalty)
-        out = torch.where(seen, pen, out)
+        out = torch.where(all_counts > 0, pen, out)
     if cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0:
-        out = out - cfg.frequency_penalty * counts.to(out.dtype) - cfg.presence_penalty * seen.to(out.dtype)
+        g = gen.to(out.dtype)
+        out = out - cfg.frequency_penalty * g - cfg.presence_penalty * (gen > 0).to(out.dtype)
     return out
 
 
@@ -188,10 +232,10 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig, dtype: torch.dt
 def process(
     logits: torch.Tensor,
     cfg: SamplingConfig,
-    counts: torch.Tensor | None = None,
+    counts: torch.Tensor | History | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """The full pipeline: penalties (with ``counts`` of the history of each row), then :func:`probs_from_logits`."""
+    """The full pipeline: penalties (with the :class:`History` of each row), then :func:`probs_from_logits`."""
     if counts is not None:
         logits = apply_penalties(logits, counts, cfg)
     return probs_from_logits(logits, cfg, dtype)
@@ -214,4 +258,4 @@ def history_counts(base_counts: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
     return out
 
 
-__all__ += ["history_counts"]
+__all__ += ["History", "history_counts"]

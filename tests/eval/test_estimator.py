@@ -118,15 +118,16 @@ def test_log_contents_topk_and_roundtrip(pair, tmp_path):
 
 
 def test_backend_draft_logs_what_the_model_logs(pair):
-    """A draft given as a backend (reset/extend, the llama.cpp drafter's face) logs the same q as the model, and
-    the backend is left empty; a wrong backend (another model) gives a different q, so the check can fail."""
+    """A draft given as a backend (the llama.cpp drafter's face) logs the same q as the model, in a row of its
+    own that is removed after; a wrong backend (another model) gives a different q, so the check can fail."""
     target, draft = pair
     prompt, cont = [1, 2, 3, 4], [5, 9, 13, 2, 7, 7]
     ref = log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=None).trajectories[0]
     backend = HFBackend(draft)
-    backend.extend([3, 3])  # stale cache content must not leak into the log
+    stale = backend.add_row()
+    backend.forward_ids(stale, [3, 3])  # another row's cache content must not leak into the log
     via = log_distributions(target, backend, [("a", prompt, cont)], CFG, top_k=None).trajectories[0]
-    assert backend.tokens == []
+    assert backend.num_rows == 1 and backend.cached_tokens(stale) == [3, 3]
     assert torch.allclose(via.q, ref.q, atol=1e-5) and torch.equal(via.p, ref.p)
     other = log_distributions(target, HFBackend(target), [("a", prompt, cont)], CFG, top_k=None).trajectories[0]
     assert (other.q - ref.q).abs().max() > 1e-2

@@ -306,9 +306,9 @@ def test_bad_shard_is_refused(text):
 
 
 def test_tree_sweep_end_to_end(tmp_path):
-    """drafter = "tree": units run through TreeEngine (per_round holds tree nodes), the report is written, and
-    the chain-only offline estimator refuses the run instead of computing a wrong check. A tree sweep with a
-    rule trees cannot verify (lenience) is refused when the config is read."""
+    """drafter = "tree": units run through the tree drafter (per_round holds (depth, accepted)), the report is
+    written, and the chain-only offline estimator refuses the run instead of computing a wrong check. A tree sweep with
+    a rule trees cannot verify (lenience) is refused when the config is read."""
     from verispec.eval.estimator import estimate_run
     from verispec.eval.report import write_report
 
@@ -324,8 +324,9 @@ def test_tree_sweep_end_to_end(tmp_path):
     assert (s.completed, s.failed) == (8, 0)
     recs = read_results(run_dir)
     assert all(r["settings"]["drafter"] == "tree" for r in recs)
-    # a tree round scores more nodes than its depth: more drafted than a gamma-3 chain could
-    assert max(d for r in recs for d, _ in r["per_round"]) > 3
+    # a tree round scores more nodes than its depth (drafted = depth; nodes are reported apart)
+    assert max(d for r in recs for d, _ in r["per_round"]) == 3
+    assert max(r["proposed_nodes"] / r["rounds"] for r in recs) > 3
     assert all(0 <= a <= 3 for r in recs for _, a in r["per_round"])
     assert write_report(run_dir)["report"].exists()
     with pytest.raises(ValueError, match="tree run"):

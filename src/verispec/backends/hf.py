@@ -1,130 +1,373 @@
-"""Hugging Face transformers backend: a causal LM plus a ``DynamicCache`` tracked token by token."""
+"""Hugging Face transformers backend: one batched ``DynamicCache`` holding every row, with exact per-row rollback.
+
+Layout. The cache has one batch entry per row and a shared sequence axis of *slots*. A row's history is an
+ordered list of slots (``_Row.slots``); a slot not in that list is garbage for the row and masked out. Each
+forward appends W new slots to every row (W = the widest request; narrower rows pad with queries that attend
+only to themselves). Rolling a row back, dropping a rejected proposal, or keeping an accepted tree path is
+therefore pure bookkeeping on slot lists, never a copy: positions are explicit (``position_ids``) and RoPE is
+applied when a key is written, so a key stays valid wherever its slot lies. Garbage accumulates and is
+compacted away (one gather per layer) when it exceeds :attr:`HFBackend.slack` slots.
+
+Fast path: a single row with a contiguous history and a chain proposal is scored exactly as a plain causal
+forward (no custom mask), so batch-size-1 chains cost and compute what they did before rows existed. A row
+that joins with a long prompt is prefilled in its own forward (no padding of the other rows to its length).
+"""
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..tree import tree_attention, tree_depths
-from .base import SyncMixin
+from .base import ScoreRequest, common_prefix_len, is_chain
 
 __all__ = ["HFBackend"]
 
 
-class HFBackend(SyncMixin):
-    """Scores blocks of tokens against a KV cache and truncates it exactly.
+@dataclass
+class _Row:
+    tokens: list[int] = field(default_factory=list)  # history tokens with KV
+    slots: list[int] = field(default_factory=list)  # their cache slots, in order
+    p_tokens: list[int] = field(default_factory=list)  # pending proposal nodes
+    p_parents: list[int] = field(default_factory=list)
+    p_depths: list[int] = field(default_factory=list)
+    p_slots: list[int] = field(default_factory=list)
 
-    ``tokens`` lists the tokens whose KV is in the cache; committed-but-not-yet-input tokens (a correction or
-    bonus token) are not in it until they are fed next round (tutorial section 6).
-    """
+    def drop_pending(self) -> None:
+        self.p_tokens, self.p_parents, self.p_depths, self.p_slots = [], [], [], []
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def sync(self, ids: list[int]) -> list[int]:
+        """Roll back to the longest prefix shared with ``ids[:-1]``; return the tokens to feed (>= 1)."""
+        self.drop_pending()
+        keep = common_prefix_len(self.tokens, ids[:-1])
+        del self.tokens[keep:], self.slots[keep:]
+        return list(ids[keep:])
+
+
+class HFBackend:
+    """A transformers causal LM scoring proposals for a batch of rows (see :mod:`verispec.backends.base`)."""
+
+    supports_trees = True
+
+    def __init__(self, model: PreTrainedModel, slack: int = 64, prefill_threshold: int = 16) -> None:
         self.model = model.eval()
         cfg = model.config
         self.vocab_size = int(cfg.vocab_size)
         self.max_context = int(getattr(cfg, "max_position_embeddings", 1 << 30))
-        self.tokens: list[int] = []
-        self.cache = DynamicCache()
+        self.slack, self.prefill_threshold = slack, prefill_threshold
         self.forward_calls = 0
+        self._rows: dict[int, _Row] = {}
+        self._order: list[int] = []  # row id of each batch entry of the cache
+        self._next_id = 0
+        self.cache: DynamicCache | None = None
+        self._len = 0  # slots in the cache
 
+    # -- properties ---------------------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
-    def reset(self) -> None:
-        self.tokens = []
-        self.cache = DynamicCache()
-
-    @torch.inference_mode()
-    def extend(self, new_tokens: list[int], num_logits: int = 1) -> torch.Tensor:
-        """Feed ``new_tokens`` after the cached ones; return float32 logits [num_logits, V] of the last positions."""
-        if not new_tokens:
-            raise ValueError("extend needs at least one new token")
-        if len(self.tokens) + len(new_tokens) > self.max_context:
-            raise ValueError(
-                f"sequence of {len(self.tokens) + len(new_tokens)} tokens exceeds the model's context of "
-                f"{self.max_context}"
-            )
-        ids = torch.tensor([new_tokens], dtype=torch.long)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
-        self.cache = out.past_key_values
-        self.tokens.extend(new_tokens)
-        self.forward_calls += 1
-        return out.logits[0, -num_logits:].float()
-
-    def truncate(self, length: int) -> None:
-        if length < len(self.tokens):
-            self.cache.crop(length)
-            del self.tokens[length:]
-
-    # -- tree attention (tree drafting / verification) --------------------------------------------------
-    # Pending tree nodes sit in the cache after the linear tokens, recorded in ``tokens`` as -1 so that
-    # ``sync`` never mistakes them for history; ``commit_tree`` turns an accepted path into history.
-    _TREE_SLOT = -1
-
-    def _pending_tree(self) -> tuple[int, list[int], list[int]]:
-        base = getattr(self, "_tree_base", 0)
-        n = len(self.tokens) - base
-        if base < 1 or n <= 0 or any(t != self._TREE_SLOT for t in self.tokens[base:]):
-            return len(self.tokens), [], []
-        return base, self._tree_parents[:n], self._tree_tokens[:n]
-
-    @torch.inference_mode()
-    def tree_forward(self, feed: list[int], tokens: list[int], parents: list[int]) -> torch.Tensor:
-        """Feed linear tokens ``feed``, then tree nodes ``tokens`` (``parents`` index the pending tree's nodes,
-        earlier calls' included; -1 = the last linear token) in one forward with a tree attention mask.
-
-        Returns float32 logits [len(tokens) + (1 if feed else 0), V]: the last fed linear token's row first, then
-        one row per new node. Linear tokens can only be fed while no tree is pending.
-        """
-        base, old_parents, old_tokens = self._pending_tree()
-        if feed and old_parents:
-            raise ValueError("commit_tree before feeding linear tokens")
-        if not feed and not tokens:
-            raise ValueError("tree_forward needs tokens")
-        linear = len(self.tokens) - len(old_parents) + len(feed)
-        depth = max(tree_depths(old_parents + list(parents)), default=0)
-        if linear + depth > self.max_context:
-            raise ValueError(f"tree reaches position {linear + depth} beyond the context of {self.max_context}")
-        all_parents = old_parents + list(parents)
-        mask, pos = tree_attention(all_parents, len(tokens), linear - len(feed), len(feed), self.dtype, self.device)
-        ids = torch.tensor([list(feed) + list(tokens)], dtype=torch.long, device=self.device)
-        keep = len(tokens) + (1 if feed else 0)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        self.cache = out.past_key_values
-        self.tokens.extend(feed)
-        self.tokens.extend([self._TREE_SLOT] * len(tokens))
-        self._tree_base, self._tree_parents = linear, all_parents
-        self._tree_tokens = old_tokens + list(tokens)
-        self.forward_calls += 1
-        return out.logits[0, -keep:].float()
-
-    @torch.inference_mode()
-    def commit_tree(self, path: list[int]) -> None:
-        """Keep the KV of the pending tree's nodes ``path`` (root-down) as history; drop the other nodes."""
-        base, parents, tokens = self._pending_tree()
-        prev = -1
-        for node in path:
-            if not 0 <= node < len(parents) or parents[node] != prev:
-                raise ValueError(f"{path} is not a root-down path of the pending tree")
-            prev = node
-        if path:
-            idx = torch.tensor([base + n for n in path], dtype=torch.long, device=self.device)
-            for layer in self.cache.layers:
-                layer.keys[..., base : base + len(path), :] = layer.keys[..., idx, :]
-                layer.values[..., base : base + len(path), :] = layer.values[..., idx, :]
-        self.cache.crop(base + len(path))
-        del self.tokens[base:]
-        self.tokens.extend(tokens[n] for n in path)
-        self._tree_parents, self._tree_tokens = [], []
-
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._rows)
+
+    # -- rows ---------------------------------------------------------------------------------------------
+    def add_row(self) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        self._rows[rid] = _Row()
+        return rid
+
+    def remove_row(self, row: int) -> None:
+        self._row(row)
+        del self._rows[row]
+
+    def cached_tokens(self, row: int) -> list[int]:
+        return list(self._row(row).tokens)
+
+    def reset(self) -> None:
+        """Drop every row and the cache."""
+        self._rows, self._order, self.cache, self._len = {}, [], None, 0
+
+    def _row(self, row: int) -> _Row:
+        try:
+            return self._rows[row]
+        except KeyError:
+            raise ValueError(f"row {row} does not exist (add_row first)") from None
+
+    # -- cache layout ---------------------------------------------------------------------------------------
+    def _layers(self) -> list:
+        return list(self.cache.layers) if self.cache is not None else []
+
+    def _relayout(self) -> None:
+        """Make the cache's batch axis hold exactly the live rows (new rows get garbage slots)."""
+        live = sorted(self._rows)
+        if live == self._order:
+            return
+        if not live or self.cache is None or self._len == 0 or not self._layers() or self._layers()[0].keys is None:
+            self._order, self.cache, self._len = live, None, 0
+            for r in self._rows.values():
+                r.tokens, r.slots = [], []
+                r.drop_pending()
+            return
+        old = {rid: b for b, rid in enumerate(self._order)}
+        for layer in self._layers():
+            parts = []
+            for rid in live:
+                if rid in old:
+                    parts.append(layer.keys[old[rid] : old[rid] + 1])
+                else:
+                    parts.append(torch.zeros_like(layer.keys[:1]))
+            vparts = []
+            for rid in live:
+                if rid in old:
+                    vparts.append(layer.values[old[rid] : old[rid] + 1])
+                else:
+                    vparts.append(torch.zeros_like(layer.values[:1]))
+            layer.keys, layer.values = torch.cat(parts), torch.cat(vparts)
+        self._order = live
+
+    def _grow(self, n: int) -> None:
+        """Append ``n`` garbage slots to every row."""
+        for layer in self._layers():
+            k, v = layer.keys, layer.values
+            layer.keys = torch.cat([k, k.new_zeros(k.shape[0], k.shape[1], n, k.shape[3])], dim=2)
+            layer.values = torch.cat([v, v.new_zeros(v.shape[0], v.shape[1], n, v.shape[3])], dim=2)
+        self._len += n
+
+    def _compact(self) -> None:
+        """Gather every row's live slots (history, then pending nodes) to the front of the sequence axis."""
+        rows = [self._rows[rid] for rid in self._order]
+        used = [r.slots + r.p_slots for r in rows]
+        new_len = max((len(u) for u in used), default=0)
+        if new_len == self._len:
+            return
+        if all(u == list(range(len(u))) for u in used):
+            self.cache.crop(new_len)
+            self._len = new_len
+            return
+        idx = torch.tensor([u + [0] * (new_len - len(u)) for u in used], dtype=torch.long, device=self.device)
+        for layer in self._layers():
+            k, v = layer.keys, layer.values
+            gi = idx[:, None, :, None].expand(k.shape[0], k.shape[1], new_len, k.shape[3])
+            layer.keys, layer.values = k.gather(2, gi), v.gather(2, gi)
+        for r in rows:
+            n = len(r.slots)
+            r.slots = list(range(n))
+            r.p_slots = list(range(n, n + len(r.p_slots)))
+        self._len = new_len
+
+    def _maybe_compact(self, extra: int) -> None:
+        if self.cache is None:
+            return
+        used = max((len(r.slots) + len(r.p_slots) for r in self._rows.values()), default=0)
+        if self._len - used > self.slack:
+            self._compact()
+
+    # -- scoring ---------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, requests: Sequence[ScoreRequest]) -> list[torch.Tensor]:
+        """One forward for every request; float32 logits per request (see :mod:`verispec.backends.base`)."""
+        if not requests:
+            return []
+        seen: set[int] = set()
+        plans = []
+        for req in requests:
+            if req.row in seen:
+                raise ValueError(f"row {req.row} appears twice in one score call")
+            seen.add(req.row)
+            plans.append(self._plan(req))
+        self._relayout()
+        for req, plan in zip(requests, plans, strict=True):
+            if len(plan["feed"]) > self.prefill_threshold and not self._rows[req.row].tokens:
+                self._prefill(req.row, plan)
+        if len(self._order) == 1 and self._fast_ok(requests[0], plans[0]):
+            out = [self._forward_fast(requests[0], plans[0])]
+        else:
+            out = self._forward_masked(requests, plans)
+        self.forward_calls += 1
+        return out
+
+    def _plan(self, req: ScoreRequest) -> dict:
+        r = self._row(req.row)
+        if req.ids is None:
+            if not r.p_tokens and not r.tokens:
+                raise ValueError(f"row {req.row} has no pending proposal to continue")
+            n_old = len(r.p_tokens)
+            for i, par in enumerate(req.parents):
+                if not -1 <= par < n_old + i:
+                    raise ValueError(f"node {n_old + i} has parent {par}: not -1 or an earlier node")
+            feed: list[int] = []
+        else:
+            for i, par in enumerate(req.parents):
+                if not -1 <= par < i:
+                    raise ValueError(f"node {i} has parent {par}: not -1 or an earlier node")
+            vocab = self.vocab_size
+            if any(not 0 <= t < vocab for t in list(req.ids[-1:]) + list(req.tokens)):
+                raise ValueError(f"token id out of the vocabulary [0, {vocab})")
+            feed = r.sync(req.ids)
+        depths = list(r.p_depths)
+        for par in req.parents:
+            depths.append(1 if par < 0 else depths[par] + 1)
+        new_depths = depths[len(depths) - len(req.tokens) :]
+        linear = len(r.tokens) + len(feed)
+        deepest = max(new_depths, default=0)
+        if linear + deepest > self.max_context:
+            raise ValueError(
+                f"sequence of {linear + deepest} tokens exceeds the model's context of {self.max_context}"
+            )
+        return {"feed": feed, "depths": new_depths}
+
+    def _prefill(self, rid: int, plan: dict) -> None:
+        """Prefill a fresh row's history (all but its last token) in its own batch-1 forward."""
+        r = self._rows[rid]
+        feed = plan["feed"]
+        head, plan["feed"] = feed[:-1], feed[-1:]
+        cache = DynamicCache()
+        ids = torch.tensor([head], dtype=torch.long, device=self.device)
+        self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.forward_calls += 1
+        n = len(head)
+        if self.cache is None:
+            if len(self._order) == 1:
+                self.cache, self._len = cache, n
+                r.tokens, r.slots = list(head), list(range(n))
+                return
+            self.cache = copy.deepcopy(cache)  # same layer types; batch axis re-made for every row
+            for layer in self._layers():
+                layer.keys = layer.keys.new_zeros((len(self._order),) + tuple(layer.keys.shape[1:]))
+                layer.values = layer.values.new_zeros((len(self._order),) + tuple(layer.values.shape[1:]))
+            self._len = n
+        self._maybe_compact(n)
+        start = len(r.slots)  # the row is fresh: its slots [0, n) are free once the cache has n of them
+        if self._len < start + n:
+            self._grow(start + n - self._len)
+        b = self._order.index(rid)
+        for layer, new in zip(self._layers(), cache.layers, strict=True):
+            layer.keys[b, :, start : start + n] = new.keys[0]
+            layer.values[b, :, start : start + n] = new.values[0]
+        r.tokens, r.slots = list(head), list(range(start, start + n))
+
+    def _fast_ok(self, req: ScoreRequest, plan: dict) -> bool:
+        r = self._rows[req.row]
+        return req.ids is not None and is_chain(req.parents) and r.slots == list(range(len(r.slots)))
+
+    def _record(self, r: _Row, feed: list[int], tokens: list[int], parents: list[int], depths: list[int],
+                first_slot: int) -> None:
+        r.tokens.extend(feed)
+        r.slots.extend(range(first_slot, first_slot + len(feed)))
+        s = first_slot + len(feed)
+        r.p_tokens.extend(tokens)
+        r.p_parents.extend(parents)
+        r.p_depths.extend(depths)
+        r.p_slots.extend(range(s, s + len(tokens)))
+
+    def _forward_fast(self, req: ScoreRequest, plan: dict) -> torch.Tensor:
+        r = self._rows[req.row]
+        n = len(r.slots)
+        if self.cache is not None and self._len > n:
+            self.cache.crop(n)
+            self._len = n
+        if self.cache is None:
+            self.cache = DynamicCache()
+        feed, tokens = plan["feed"], list(req.tokens)
+        ids = torch.tensor([feed + tokens], dtype=torch.long, device=self.device)
+        keep = len(tokens) + 1
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        self.cache = out.past_key_values
+        self._record(r, feed, tokens, list(req.parents), plan["depths"], n)
+        self._len = n + ids.shape[1]
+        return out.logits[0, -keep:].float()
+
+    def _forward_masked(self, requests: Sequence[ScoreRequest], plans: list[dict]) -> list[torch.Tensor]:
+        widths = [len(p["feed"]) + len(q.tokens) for q, p in zip(requests, plans, strict=True)]
+        w = max(widths)
+        self._maybe_compact(w)
+        if self.cache is None:
+            self.cache = DynamicCache()
+        length, b_size = self._len, len(self._order)
+        by_row = {q.row: (q, p) for q, p in zip(requests, plans, strict=True)}
+        allowed = torch.zeros(b_size, w, length + w, dtype=torch.bool)
+        ids = torch.zeros(b_size, w, dtype=torch.long)
+        pos = torch.zeros(b_size, w, dtype=torch.long)
+        pad = torch.arange(w)
+        allowed[:, pad, length + pad] = True  # every query sees its own slot (padding queries: only that)
+        picks: list[tuple[int, int, int]] = []  # (batch index, first query, count) per request, in order
+        for b, rid in enumerate(self._order):
+            if rid not in by_row:
+                continue
+            req, plan = by_row[rid]
+            r = self._rows[rid]
+            feed, tokens, nf, nn = plan["feed"], list(req.tokens), len(plan["feed"]), len(req.tokens)
+            hist = torch.tensor(r.slots, dtype=torch.long)
+            allowed[b, : nf + nn, hist] = True
+            if nf:
+                allowed[b, :nf, length : length + nf] = torch.ones(nf, nf, dtype=torch.bool).tril()
+                allowed[b, nf : nf + nn, length : length + nf] = True
+            n_old = len(r.p_tokens)
+            all_parents = r.p_parents + list(req.parents)
+            all_slots = r.p_slots + list(range(length + nf, length + nf + nn))
+            anc: list[list[int]] = [[] for _ in all_parents]
+            for i, par in enumerate(all_parents):
+                anc[i] = (anc[par] if par >= 0 else []) + [all_slots[i]]
+            for k in range(nn):
+                allowed[b, nf + k, anc[n_old + k]] = True
+            ids[b, : nf + nn] = torch.tensor(feed + tokens, dtype=torch.long)
+            linear = len(r.tokens) + nf
+            pos[b, :nf] = torch.arange(len(r.tokens), linear)
+            if nn:
+                pos[b, nf : nf + nn] = torch.tensor(plan["depths"], dtype=torch.long) + (linear - 1)
+            first = nf - 1 if nf else nf
+            picks.append((b, first, nf + nn - first))
+            self._record(r, feed, tokens, list(req.parents), plan["depths"], length)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask[:, None].to(self.device),
+            position_ids=pos.to(self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=w,
+        )
+        self.cache = out.past_key_values
+        self._len = length + w
+        logits = out.logits
+        result = [logits[b, first : first + cnt].float() for b, first, cnt in picks]
+        order = {rid: i for i, rid in enumerate(rid for rid in self._order if rid in by_row)}
+        return [result[order[q.row]] for q in requests]
+
+    # -- commit ----------------------------------------------------------------------------------------------
+    def commit(self, row: int, path: Sequence[int]) -> None:
+        """Keep the pending nodes on root-down ``path`` as history (no KV moves); drop the other nodes."""
+        r = self._row(row)
+        prev = -1
+        for node in path:
+            if not 0 <= node < len(r.p_tokens) or r.p_parents[node] != prev:
+                raise ValueError(f"{list(path)} is not a root-down path of the pending proposal")
+            prev = node
+        r.tokens.extend(r.p_tokens[n] for n in path)
+        r.slots.extend(r.p_slots[n] for n in path)
+        r.drop_pending()
+
+    # -- single-sequence conveniences (tests, tools) ----------------------------------------------------------
+    def forward_ids(self, row: int, ids: list[int], tokens: Sequence[int] = (),
+                    parents: Sequence[int] | None = None) -> torch.Tensor:
+        """``score`` for one row: logits [1 + len(tokens), V] after ``ids`` then the proposal ``tokens``."""
+        return self.score([ScoreRequest(row, list(ids), list(tokens), None if parents is None else list(parents))])[0]
+
+    def kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The row's history KV per layer, in order (keys, values of shape [heads, len, head_dim])."""
+        r = self._row(row)
+        if self.cache is None or not r.slots:
+            return []
+        b = self._order.index(row)
+        idx = torch.tensor(r.slots, dtype=torch.long, device=self.device)
+        return [(layer.keys[b][:, idx], layer.values[b][:, idx]) for layer in self._layers()]

@@ -1,8 +1,19 @@
-"""Drafters: each proposes candidate tokens and returns the exact q they were drawn from (or None)."""
+"""Drafters: each proposes a chain or a token tree per row and returns the exact q it drew from (or None)."""
 
-from .base import Draft, DraftContext, Drafter
+from .base import BaseDrafter, Drafter, DraftRequest, Proposal
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter, ngram_lookup
+from .tree import TreeDrafter
 
-__all__ = ["Draft", "DraftContext", "Drafter", "HybridDrafter", "ModelDrafter", "NgramDrafter", "ngram_lookup"]
+__all__ = [
+    "BaseDrafter",
+    "DraftRequest",
+    "Drafter",
+    "HybridDrafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "Proposal",
+    "TreeDrafter",
+    "ngram_lookup",
+]

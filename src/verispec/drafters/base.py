@@ -1,44 +1,157 @@
-"""What every drafter returns: candidate tokens and the exact distribution each was drawn from (or None)."""
+"""What every drafter returns (a :class:`Proposal`) and the per-row bookkeeping all drafters share.
+
+A proposal is a token tree given by parent indices (-1 = the root, the last committed token; a parent
+precedes its children); a chain of gamma drafts is the degenerate tree with parents [-1, 0, ..., gamma - 2].
+``q[i]`` is the draft distribution node i was drawn from (siblings drawn one after another without
+replacement share their parent's q), or ``q is None`` for a token-only proposal (n-gram lookup, greedy
+drafting, top-k trees): the verifier then treats each candidate as one-hot (tutorial 3.3 / Appendix H.1).
+
+Drafters work on a batch of rows at once and own their adaptation: :meth:`BaseDrafter.update` receives every
+verified round, and ``gamma="auto"`` keeps an :class:`~verispec.schedule.AdaptiveGamma` per row, so adaptive
+length works for every drafter.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from ..processors import SamplingConfig
+from ..backends.base import chain_parents, is_chain
+from ..processors import History, SamplingConfig
 from ..rules import Rule
+from ..schedule import AdaptiveGamma
 
-__all__ = ["Draft", "DraftContext", "Drafter"]
+__all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "check_gamma"]
+
+
+def check_gamma(gamma: int | str | None) -> None:
+    if gamma is None or gamma == "auto":
+        return
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
+        raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
 
 
 @dataclass
-class Draft:
-    """``tokens`` [gamma]; ``q`` [gamma, V] float64, the distributions the tokens were sampled from, or None for a
-    token-only draft (the verifier then uses one-hot q, tutorial 3.3)."""
+class Proposal:
+    """Drafted nodes of one row for one round (see the module docstring)."""
 
-    tokens: list[int]
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] | None = None
     q: torch.Tensor | None = None
     seconds: float = 0.0
     forward_calls: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.parents is None:
+            self.parents = chain_parents(len(self.tokens))
+        if len(self.parents) != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.parents)} parents")
+        if self.q is not None and self.q.shape[0] != len(self.tokens):
+            raise ValueError(f"q has {self.q.shape[0]} rows for {len(self.tokens)} nodes")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return is_chain(self.parents)
+
+    @property
+    def depth(self) -> int:
+        """Longest root-to-leaf path: the most drafted tokens one round can accept."""
+        depths: list[int] = []
+        for par in self.parents:
+            depths.append(1 if par < 0 else depths[par] + 1)
+        return max(depths, default=0)
+
+    def child_q(self) -> dict[int, torch.Tensor]:
+        """For sampled proposals: node (-1 = root) -> the q its children were drawn from."""
+        if self.q is None:
+            return {}
+        out: dict[int, torch.Tensor] = {}
+        for i, par in enumerate(self.parents):
+            out.setdefault(par, self.q[i])
+        return out
 
 
 @dataclass
-class DraftContext:
-    """What a drafter may use besides the committed ids: the sampling config (applied identically to the
-    target), the rule (for its draft transform), the generator, and the committed history's token counts."""
+class DraftRequest:
+    """One row's drafting job for a round: continue ``ids`` with at most ``max_len`` levels.
 
+    ``cfg`` and ``history`` are the row's sampling settings and penalty history (applied to q exactly as to
+    p); ``rule.draft`` transforms q; ``generator`` is the row's own random stream. ``untempered_q``: at
+    temperature 0 draft the argmax but return q at temperature 1 (for the deterministic greedy reading of a
+    lossy rule).
+    """
+
+    key: int
+    ids: list[int]
+    max_len: int
     cfg: SamplingConfig
     rule: Rule
     generator: torch.Generator | None = None
-    counts: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
+    history: History | None = None
+    untempered_q: bool = False
 
 
 class Drafter(Protocol):
+    """Everything the engine calls on a drafter."""
+
     name: str
+    default_gamma: int
 
-    def propose(self, ids: list[int], gamma: int, ctx: DraftContext) -> Draft: ...
+    def add_row(self, key: int, gamma: int | str | None = None) -> None: ...
 
-    def reset(self) -> None: ...
+    def remove_row(self, key: int) -> None: ...
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Proposal]: ...
+
+    def commit(self, key: int, proposal: Proposal, path: Sequence[int]) -> None: ...
+
+    def update(self, key: int, proposal: Proposal, accepted: int, target_s: float) -> None: ...
+
+
+class BaseDrafter:
+    """Per-row draft lengths (fixed or adaptive) and the default hooks; subclasses implement :meth:`draft`."""
+
+    name = "base"
+    default_gamma = 5
+
+    def __init__(self, gamma_max: int = 8) -> None:
+        self.gamma_max = gamma_max
+        self._gamma: dict[int, int | AdaptiveGamma] = {}
+
+    # -- rows ------------------------------------------------------------------------------------------------
+    def add_row(self, key: int, gamma: int | str | None = None) -> None:
+        check_gamma(gamma)
+        gamma = self.default_gamma if gamma is None else gamma
+        self._gamma[key] = AdaptiveGamma(self.gamma_max) if gamma == "auto" else int(gamma)
+
+    def remove_row(self, key: int) -> None:
+        self._gamma.pop(key, None)
+
+    def length(self, req: DraftRequest) -> int:
+        """This round's depth for the row: its gamma (or the adaptive choice), capped by ``max_len``."""
+        g = self._gamma.get(req.key, self.default_gamma)
+        wanted = g.choose() if isinstance(g, AdaptiveGamma) else g
+        return max(min(wanted, req.max_len), 0)
+
+    # -- rounds ----------------------------------------------------------------------------------------------
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Proposal]:
+        return self.draft(requests, [self.length(r) for r in requests])
+
+    def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
+        raise NotImplementedError
+
+    def commit(self, key: int, proposal: Proposal, path: Sequence[int]) -> None:
+        """Keep what the drafter computed for the accepted path (default: nothing to keep)."""
+
+    def update(self, key: int, proposal: Proposal, accepted: int, target_s: float) -> None:
+        """Adapt from a verified round (default: the row's adaptive gamma, if any)."""
+        g = self._gamma.get(key)
+        if isinstance(g, AdaptiveGamma):
+            g.update(proposal.depth, accepted, proposal.seconds, target_s)

@@ -1,57 +1,79 @@
-"""Chain drafter from a draft model: gamma tokens sampled from q under the target's own processors."""
+"""Chain drafter from a draft model: gamma tokens per row sampled from q under the target's own processors,
+one batched draft forward per position for all rows."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
-from ..backends.hf import HFBackend
+from ..backends.base import Backend, ScoreRequest
 from ..processors import apply_penalties, process
 from ..verify import sample_categorical
-from .base import Draft, DraftContext
+from .base import BaseDrafter, DraftRequest, Proposal
 
 __all__ = ["ModelDrafter"]
 
 
-class ModelDrafter:
-    """Drafts with a causal LM backend.
+class ModelDrafter(BaseDrafter):
+    """Drafts with a causal LM backend (transformers or llama.cpp).
 
     At temperature > 0 each token is sampled from q (the draft's processed distribution, with the rule's draft
     transform) and the full q is returned for verification. At temperature 0, or with ``greedy=True``, the
-    draft takes q's argmax and returns no q: the verifier treats the draft as one-hot (still lossless).
-    The cache resumes from the committed history, never from a rejected guess.
+    draft takes q's argmax and returns no q: the verifier treats the draft as one-hot (still lossless); with
+    ``untempered_q`` it returns q at temperature 1 instead (deterministic greedy reading of a lossy rule).
+    Each row's draft cache resumes from its committed history, never from a rejected guess.
     """
 
     name = "model"
 
-    def __init__(self, backend: HFBackend, greedy: bool = False) -> None:
+    def __init__(self, backend: Backend, greedy: bool = False, gamma_max: int = 8) -> None:
+        super().__init__(gamma_max)
         self.backend = backend
         self.greedy = greedy
+        self._brow: dict[int, int] = {}
 
-    def reset(self) -> None:
-        self.backend.reset()
+    def add_row(self, key: int, gamma: int | str | None = None) -> None:
+        super().add_row(key, gamma)
+        if key in self._brow:
+            self.backend.remove_row(self._brow[key])
+        self._brow[key] = self.backend.add_row()
 
-    def propose(self, ids: list[int], gamma: int, ctx: DraftContext) -> Draft:
+    def remove_row(self, key: int) -> None:
+        super().remove_row(key)
+        brow = self._brow.pop(key, None)
+        if brow is not None:
+            self.backend.remove_row(brow)
+
+    def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         start = time.perf_counter()
         calls0 = self.backend.forward_calls
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        greedy = self.greedy or ctx.cfg.greedy
-        counts = ctx.counts.clone() if ctx.counts is not None and ctx.cfg.uses_history else None
-        feed = self.backend.sync(ids)
-        for _ in range(gamma):
-            logits = self.backend.extend(feed, 1)[0]
-            if greedy:
-                # every processor and every rule's draft transform keeps the argmax: skip building q
-                tok = int((apply_penalties(logits, counts, ctx.cfg) if counts is not None else logits).argmax())
-            else:
-                q = ctx.rule.draft(process(logits, ctx.cfg, counts))
-                tok = int(sample_categorical(q, ctx.generator))
-                qs.append(q)
-            tokens.append(tok)
-            if counts is not None:
-                counts[tok] += 1
-            feed = [tok]
-        q_block = torch.stack(qs) if qs else None
-        return Draft(tokens, q_block, time.perf_counter() - start, self.backend.forward_calls - calls0)
+        n = len(requests)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        qs: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        hist = [
+            r.history.extended([]) if r.history is not None and r.cfg.uses_history else None for r in requests
+        ]
+        for step in range(max(lengths, default=0)):
+            live = [i for i in range(n) if lengths[i] > step]
+            reqs = [ScoreRequest(self._brow[requests[i].key], requests[i].ids + tokens[i]) for i in live]
+            for i, logits in zip(live, self.backend.score(reqs), strict=True):
+                req, lg = requests[i], logits[0]
+                if self.greedy or req.cfg.greedy:
+                    # every processor and rule's draft transform keeps the argmax: q is needed only on request
+                    tok = int((apply_penalties(lg, hist[i], req.cfg) if hist[i] is not None else lg).argmax())
+                    if req.untempered_q:
+                        qs[i].append(req.rule.draft(process(lg, req.cfg.with_(temperature=1.0), hist[i])))
+                else:
+                    q = req.rule.draft(process(lg, req.cfg, hist[i]))
+                    tok = int(sample_categorical(q, req.generator))
+                    qs[i].append(q)
+                tokens[i].append(tok)
+                if hist[i] is not None:
+                    hist[i].extend([tok])
+        seconds, calls = time.perf_counter() - start, self.backend.forward_calls - calls0
+        return [
+            Proposal(tokens[i], q=torch.stack(qs[i]) if qs[i] else None, seconds=seconds, forward_calls=calls)
+            for i in range(n)
+        ]

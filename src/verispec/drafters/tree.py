@@ -1,6 +1,7 @@
-"""Tree drafter from a draft model: a token tree per round (EAGLE-style), one draft forward per depth level.
+"""Tree drafter from a draft model: a token tree per row and round (EAGLE-style), one batched draft forward per
+depth level for all rows.
 
-Static tree (``budget=None``): every node up to ``depth`` gets its ``top_k`` most probable children under q,
+Static tree (``budget=None``): every node up to the depth gets its ``top_k`` most probable children under q,
 examined in descending q (a greedy, token-only candidate set, as in Appendix H.1). With ``sample=True`` (and
 temperature > 0) children are instead drawn one after another without replacement from q, and q is kept for
 the recursive rejection sampling of :mod:`verispec.tree`.
@@ -10,42 +11,70 @@ Dynamic tree (``budget=N``, EAGLE-2 style): at each depth only the ``width`` mos
 children; at the end the ``N`` most probable nodes overall are kept (ancestor-closed, since a path's
 probability never exceeds its prefix's). Token-only.
 
-At temperature 0 candidates are ranked by the draft's temperature-1 distribution (under the same penalties
-and truncations): at temperature 0 q would be one-hot and only its argmax could be drafted. The draft
-cache keeps the KV of the nodes it forwarded until :meth:`TreeDrafter.commit` keeps the accepted ones.
+The depth is the row's gamma (``depth`` here is its default), so ``gamma="auto"`` adapts the depth. At
+temperature 0 candidates are ranked by the draft's temperature-1 distribution (under the same penalties and
+truncations): at temperature 0 q would be one-hot and only its argmax could be drafted. The draft cache keeps
+the KV of the nodes it forwarded until :meth:`TreeDrafter.commit` keeps the accepted ones.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-from ..backends.hf import HFBackend
-from ..processors import process
-from ..tree import TokenTree
+from ..backends.base import Backend, ScoreRequest
+from ..processors import History, process
 from ..verify import sample_categorical
-from .base import DraftContext
+from .base import DraftRequest, Proposal
+from .model import ModelDrafter
 
 __all__ = ["TreeDrafter"]
 
 
-class TreeDrafter:
+@dataclass
+class _Tree:
+    """A row's tree under construction."""
+
+    req: DraftRequest
+    depth: int
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    q: list[torch.Tensor | None] = field(default_factory=list)
+    slot: dict[int, int] = field(default_factory=dict)  # node -> its index among the draft's pending nodes
+    level: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (node, logits after it)
+
+    def path(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+
+class TreeDrafter(ModelDrafter):
     name = "tree"
 
     def __init__(
         self,
-        backend: HFBackend,
+        backend: Backend,
         depth: int = 4,
         top_k: int = 2,
         budget: int | None = None,
         width: int | None = None,
         sample: bool = False,
+        gamma_max: int = 8,
     ) -> None:
-        self.backend = backend
-        self.depth, self.top_k, self.budget, self.width, self.sample = depth, top_k, budget, width, sample
+        super().__init__(backend, gamma_max=gamma_max)
+        if not getattr(backend, "supports_trees", False):
+            raise ValueError(f"tree drafting needs a backend with tree attention; {type(backend).__name__} has none")
         self._check(depth, top_k, budget, width, sample)
+        self.default_gamma = depth
+        self.depth, self.top_k, self.budget, self.width, self.sample = depth, top_k, budget, width, sample
 
     @staticmethod
     def _check(depth: int, top_k: int, budget: int | None, width: int | None, sample: bool) -> None:
@@ -60,12 +89,10 @@ class TreeDrafter:
         if sample and budget is not None:
             raise ValueError("sampled children are supported for static trees only (budget=None)")
 
-    def reset(self) -> None:
-        self.backend.reset()
-
-    def _dist(self, logits: torch.Tensor, ctx: DraftContext, counts: torch.Tensor | None) -> torch.Tensor:
-        cfg = ctx.cfg.with_(temperature=1.0) if ctx.cfg.greedy else ctx.cfg
-        return ctx.rule.draft(process(logits, cfg, counts))
+    @staticmethod
+    def _dist(logits: torch.Tensor, req: DraftRequest, hist: History | None) -> torch.Tensor:
+        cfg = req.cfg.with_(temperature=1.0) if req.cfg.greedy else req.cfg
+        return req.rule.draft(process(logits, cfg, hist))
 
     @staticmethod
     def _top(q: torch.Tensor, k: int) -> list[int]:
@@ -84,101 +111,80 @@ class TreeDrafter:
             cur[x] = 0.0
         return out
 
-    def propose(
-        self,
-        ids: list[int],
-        ctx: DraftContext,
-        depth: int | None = None,
-        top_k: int | None = None,
-        budget: int | None = ...,  # type: ignore[assignment]
-        width: int | None = ...,  # type: ignore[assignment]
-        sample: bool | None = None,
-    ) -> TokenTree:
-        """A token tree continuing ``ids`` (arguments left out take the drafter's settings)."""
-        depth = self.depth if depth is None else depth
-        top_k = self.top_k if top_k is None else top_k
-        budget = self.budget if budget is ... else budget
-        width = self.width if width is ... else width
-        sample = self.sample if sample is None else sample
-        self._check(depth, top_k, budget, width, sample)
-        sample = sample and not ctx.cfg.greedy
-        width = top_k if width is None else width
+    def _expand(self, t: _Tree) -> list[int]:
+        """Children of every node of the current level; returns the new nodes."""
+        req, new = t.req, []
+        sample = self.sample and not req.cfg.greedy
+        for node, logits in t.level:
+            hist = None
+            if req.history is not None and req.cfg.uses_history:
+                hist = req.history.extended([t.tokens[n] for n in t.path(node)])
+            q = self._dist(logits, req, hist)
+            kids = self._draw(q, self.top_k, req.generator) if sample else self._top(q, self.top_k)
+            base_lp = t.logp[node] if node >= 0 else 0.0
+            for x in kids:
+                t.tokens.append(x)
+                t.parents.append(node)
+                t.logp.append(base_lp + math.log(float(q[x])))
+                t.q.append(q if sample else None)
+                new.append(len(t.tokens) - 1)
+        return new
+
+    def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         start, calls0 = time.perf_counter(), self.backend.forward_calls
-        base_counts = ctx.counts if ctx.counts is not None and ctx.cfg.uses_history else None
-
-        tokens: list[int] = []
-        parents: list[int] = []
-        logp: list[float] = []
-        child_q: dict[int, torch.Tensor] = {}
-        slot: dict[int, int] = {}  # tree node -> index of its KV in the draft's pending tree
-        if depth > 0:
-            feed = self.backend.sync(ids)
-            level = [(-1, self.backend.extend(feed, 1)[0])]
-        else:
-            level = []
-        for d in range(1, depth + 1):
-            new: list[int] = []
-            for node, logits in level:
-                counts = None
-                if base_counts is not None:
-                    counts = base_counts.clone()
-                    for n in self._path(parents, node):
-                        counts[tokens[n]] += 1
-                q = self._dist(logits, ctx, counts)
-                kids = self._draw(q, top_k, ctx.generator) if sample else self._top(q, top_k)
-                if sample and kids:
-                    child_q[node] = q
-                base_lp = logp[node] if node >= 0 else 0.0
-                for x in kids:
-                    tokens.append(x)
-                    parents.append(node)
-                    logp.append(base_lp + math.log(float(q[x])))
-                    new.append(len(tokens) - 1)
-            if d == depth or not new:
+        trees = [_Tree(req, d) for req, d in zip(requests, lengths, strict=True)]
+        roots = [t for t in trees if t.depth > 0]
+        if roots:
+            logits = self.backend.score([ScoreRequest(self._brow[t.req.key], t.req.ids) for t in roots])
+            for t, lg in zip(roots, logits, strict=True):
+                t.level = [(-1, lg[0])]
+        width = self.top_k if self.width is None else self.width
+        active = roots
+        for d in range(1, max((t.depth for t in trees), default=0) + 1):
+            grow = []
+            for t in active:
+                new = self._expand(t)
+                if d == t.depth or not new:
+                    t.level = []
+                    continue
+                if self.budget is not None:  # dynamic: expand the most probable nodes of this level only
+                    new = sorted(sorted(new, key=lambda n: (-t.logp[n], n))[:width])
+                grow.append((t, new))
+            if not grow:
                 break
-            if budget is not None:  # dynamic: expand the most probable nodes of this level only
-                new = sorted(sorted(new, key=lambda n: (-logp[n], n))[:width])
-            out = self.backend.tree_forward([], [tokens[n] for n in new], [slot.get(parents[n], -1) for n in new])
-            for n in new:
-                slot[n] = len(slot)
-            level = list(zip(new, out, strict=True))
+            reqs = [
+                ScoreRequest(self._brow[t.req.key], None, [t.tokens[n] for n in new],
+                             [t.slot.get(t.parents[n], -1) for n in new])
+                for t, new in grow
+            ]
+            for (t, new), out in zip(grow, self.backend.score(reqs), strict=True):
+                for n in new:
+                    t.slot[n] = len(t.slot)
+                t.level = list(zip(new, out, strict=True))
+            active = [t for t, _ in grow]
+        seconds, calls = time.perf_counter() - start, self.backend.forward_calls - calls0
+        return [self._finish(t, seconds, calls) for t in trees]
 
-        if budget is not None and len(tokens) > budget:
-            best = sorted(range(len(tokens)), key=lambda n: (-logp[n], _depth(parents, n), n))[:budget]
-            keep = sorted({a for n in best for a in self._path(parents, n)})  # ancestor-closed (it already is)
+    def _finish(self, t: _Tree, seconds: float, calls: int) -> Proposal:
+        tokens, parents, qs, slot = t.tokens, t.parents, t.q, t.slot
+        if self.budget is not None and len(tokens) > self.budget:
+            best = sorted(range(len(tokens)), key=lambda n: (-t.logp[n], len(t.path(n)), n))[: self.budget]
+            keep = sorted({a for n in best for a in t.path(n)})  # ancestor-closed (it already is)
             remap = {old: new for new, old in enumerate(keep)}
             remap[-1] = -1
             tokens = [tokens[n] for n in keep]
             parents = [remap[parents[n]] for n in keep]
+            qs = [qs[n] for n in keep]
             slot = {remap[n]: s for n, s in slot.items() if n in remap}
-        tree = TokenTree(tokens, parents, child_q)
-        tree.meta.update(
-            slots=slot, seconds=time.perf_counter() - start, forward_calls=self.backend.forward_calls - calls0
-        )
-        return tree
+        q = torch.stack(qs) if qs and all(x is not None for x in qs) else None  # type: ignore[misc]
+        return Proposal(tokens, parents, q, seconds, calls, meta={"slots": slot})
 
-    @staticmethod
-    def _path(parents: list[int], node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = parents[node]
-        return out
-
-    def commit(self, tree: TokenTree, path: list[int]) -> None:
+    def commit(self, key: int, proposal: Proposal, path: Sequence[int]) -> None:
         """Keep the draft KV of the accepted nodes it computed (a root-down prefix of ``path``); drop the rest."""
-        slots = tree.meta.get("slots", {})
+        slots = proposal.meta.get("slots", {})
         kept = []
         for n in path:
             if n not in slots:
                 break
             kept.append(slots[n])
-        self.backend.commit_tree(kept)
-
-
-def _depth(parents: list[int], node: int) -> int:
-    d = 0
-    while node >= 0:
-        d += 1
-        node = parents[node]
-    return d
+        self.backend.commit(self._brow[key], kept)

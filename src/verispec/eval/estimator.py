@@ -144,15 +144,17 @@ def _compress(p: torch.Tensor, q: torch.Tensor, k: int | None
 def _logits(model: Any, ids: list[int], n: int) -> torch.Tensor:
     """float32 logits [n, V] predicting ids[-n:] (positions len-n-1 .. len-2).
 
-    ``model``: an HF causal LM (one forward without a cache), or a backend with ``reset``/``extend`` such as
-    :class:`~verispec.backends.llamacpp.LlamaCppBackend` (scored from an empty cache, which is left empty).
+    ``model``: an HF causal LM (one forward without a cache), or a :class:`~verispec.backends.base.Backend`
+    such as :class:`~verispec.backends.llamacpp.LlamaCppBackend` (scored in a row of its own, removed after).
     """
     if not isinstance(model, torch.nn.Module):
-        model.reset()
+        from ..backends.base import ScoreRequest
+
+        row = model.add_row()
         try:
-            return model.extend(list(ids), n + 1)[:n].float().cpu()
+            return model.score([ScoreRequest(row, list(ids[:-n]), list(ids[-n:]))])[0][:n].float().cpu()
         finally:
-            model.reset()
+            model.remove_row(row)
     device = next(model.parameters()).device
     out = model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False,
                 logits_to_keep=n + 1)

@@ -14,7 +14,8 @@ Result line (schema 1)::
     key, schema, config_name, task, problem_id, method (rule name), params, label, baseline (label of the
     matched baseline), lossless, seed, gen_seed, settings, prompt_tokens, text, token_ids, finish_reason,
     grade {passed, score, extracted, detail}, be, tokens_per_round, ds (tokens/s), new_tokens, rounds,
-    drafted, accepted, acceptance_rate, per_round [[drafted, accepted], ...],
+    drafted, accepted, emitted_accepted, accepted_fraction, proposed_nodes, per_round [[drafted, accepted], ...],
+    per_round_emitted (BE counts only emitted accepted drafts),
     timings {draft_s, target_s, verify_s, other_s, total_s, grade_s}, finished_at (UTC ISO time)
 
 The engine comes from ``engine_factory(config)``; the default loads the configured real pair through
@@ -59,30 +60,12 @@ SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
 ERRORS = "errors.jsonl"
 SCHEMA = 1
 
+from ..testing import ToyTokenizer  # noqa: E402  (re-exported: the toy task renders prompts with it)
+
 EngineFactory = Callable[[SweepConfig], Any]
 
 
 # ----------------------------------------------------------------------------------- toy pair and task
-
-
-class ToyTokenizer:
-    """A character tokenizer over a 64-symbol alphabet, with a trivial chat template (for tiny models)."""
-
-    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
-
-    def __init__(self) -> None:
-        self.index = {c: i for i, c in enumerate(self.alphabet)}
-
-    def encode(self, text: str) -> list[int]:
-        return [self.index[c] for c in text if c in self.index]
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-                            tokenize: bool = True) -> list[int] | str:
-        text = "".join(f"{m['role'][0]} {m['content']}\n" for m in messages) + ("a " if add_generation_prompt else "")
-        return self.encode(text) if tokenize else text
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(self.alphabet[int(i) % len(self.alphabet)] for i in ids)
 
 
 class ToyTask:
@@ -120,31 +103,11 @@ def get_task(name: str) -> Any:
     return real(name)
 
 
-_TOY_ENGINES: dict[tuple[int, str], Any] = {}
-
-
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
-    """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer`: runs a sweep in seconds."""
-    from ..backends.hf import HFBackend
-    from ..drafters import ModelDrafter
-    from ..engine import SpeculativeEngine
-    from ..testing import tiny_qwen
+    """The tiny random pair of :func:`verispec.testing.toy_engine` with the config's drafter: a sweep in seconds."""
+    from ..testing import toy_engine as make
 
-    drafter_name = "model" if cfg is None else cfg.drafter
-    with_draft = drafter_name in ("model", "tree")
-    key = (vocab_size, drafter_name if with_draft else "none")
-    if key not in _TOY_ENGINES:
-        target = tiny_qwen(1, vocab_size=vocab_size, logit_scale=4.0)
-        drafter = None
-        if with_draft:
-            drafter = ModelDrafter(HFBackend(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0)))
-        engine = SpeculativeEngine(HFBackend(target), drafter, ToyTokenizer(), ())
-        if drafter_name == "tree":
-            from ..tree_engine import TreeEngine
-
-            engine = TreeEngine.from_engine(engine)
-        _TOY_ENGINES[key] = engine
-    return _TOY_ENGINES[key]
+    return make("model" if cfg is None else cfg.drafter, vocab_size)
 
 
 def default_engine_factory(cfg: SweepConfig) -> Any:
@@ -340,8 +303,11 @@ def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: Swee
         "rounds": m.rounds,
         "drafted": m.drafted,
         "accepted": m.accepted,
-        "acceptance_rate": m.acceptance_rate,
+        "emitted_accepted": m.emitted_accepted,
+        "accepted_fraction": m.accepted_fraction,
+        "proposed_nodes": m.proposed_nodes,
         "per_round": [list(r) for r in m.per_round],
+        "per_round_emitted": list(m.per_round_emitted),
         "timings": {"draft_s": m.draft_s, "target_s": m.target_s, "verify_s": m.verify_s, "other_s": m.other_s,
                     "total_s": m.total_s, "grade_s": grade_s},
         "finished_at": _now(),

@@ -57,6 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
+from ..config import DEFAULT_TEMPERATURE
+from ..config import DRAFTERS as _DRAFTER_SPECS
 from ..processors import SamplingConfig
 
 __all__ = [
@@ -92,9 +94,9 @@ PRESETS: dict[str, dict[str, list[float]]] = {
     "minp-cap": {"p_base": [0.5], "l": _LAMBDA},
 }
 PAPER_SEEDS = [0, 1, 2]
-# drafters a sweep may use; "tree" runs TreeEngine (default tree, depth gamma): per_round holds (nodes, accepted)
-DRAFTERS = ("model", "tree", "llamacpp", "ngram", "ngram+model", "ngram+llamacpp", "none")
-DRAFT_MODEL_DRAFTERS = ("model", "tree", "llamacpp", "ngram+model", "ngram+llamacpp")
+# drafters a sweep may use (verispec.config.DRAFTERS); "tree": default tree of depth gamma, per_round (depth, accepted)
+DRAFTERS = tuple(_DRAFTER_SPECS)
+DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if spec.uses_draft_model)
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
              "tasks", "methods"}
@@ -220,7 +222,7 @@ class SweepConfig:
     tasks: tuple[TaskSpec, ...] = ()
     methods: tuple[MethodSetting, ...] = ()
     seeds: tuple[int, ...] = tuple(PAPER_SEEDS)
-    temperature: float = 0.7
+    temperature: float = DEFAULT_TEMPERATURE
     sampling: tuple[tuple[str, object], ...] = ()
     gamma: int = 5
     max_new_tokens: int = 256
@@ -362,7 +364,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     seeds = tuple(_int("seed", s, 0) for s in ([seeds] if isinstance(seeds, int) else seeds))
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers, got {list(seeds)}")
-    temperature = float(data.get("temperature", 0.7))
+    temperature = float(data.get("temperature", DEFAULT_TEMPERATURE))
     sampling = dict(data.get("sampling", {}))
     if "temperature" in sampling:
         temperature = float(sampling.pop("temperature"))

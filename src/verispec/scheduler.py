@@ -1,0 +1,128 @@
+"""Continuous batching: requests wait, run as rows of one batch, and leave as they finish, between rounds.
+
+The evaluation harness, :meth:`Engine.generate` and the HTTP server all drive the same object: ``submit``
+requests (validated at once: bad input raises ValueError and never reaches the batch), call :meth:`step`
+(admit waiting requests up to ``max_batch``, run one engine round for every running row, retire finished
+rows) until :attr:`idle`. Each :class:`Handle` collects its tokens as they are committed and, when done, its
+:class:`~verispec.engine.GenerationResult`; an ``on_tokens`` callback sees every round's new tokens (streaming).
+Thread-safe: one thread may step while others submit or cancel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .engine import Engine, GenerationResult, Request, Row
+
+__all__ = ["Handle", "Scheduler"]
+
+TokenCallback = Callable[["Handle", list[int]], None]
+
+
+@dataclass
+class Handle:
+    """A submitted request: ``tokens`` committed so far, ``result`` once done, ``error`` if it failed."""
+
+    id: int
+    request: Request
+    on_tokens: TokenCallback | None = None
+    tokens: list[int] = field(default_factory=list)
+    result: GenerationResult | None = None
+    error: str | None = None
+    cancelled: bool = False
+    row: Row | None = None
+    done_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.done_event.is_set()
+
+
+class Scheduler:
+    """Waiting queue + running batch over an :class:`~verispec.engine.Engine` (see the module docstring)."""
+
+    def __init__(self, engine: Engine, max_batch: int = 8) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine, self.max_batch = engine, max_batch
+        self.waiting: deque[Handle] = deque()
+        self.running: list[Handle] = []
+        self._lock = threading.Lock()
+        self._next = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    def submit(self, request: Request, on_tokens: TokenCallback | None = None) -> Handle:
+        """Validate and enqueue; raises ValueError naming the problem for bad input."""
+        row = self.engine.start(request)  # validation + cache rows; released again if never admitted
+        with self._lock:
+            h = Handle(self._next, request, on_tokens, row=row)
+            self._next += 1
+            self.waiting.append(h)
+        return h
+
+    def cancel(self, handle: Handle) -> None:
+        """Stop a request (e.g. its client disconnected): its row leaves at the next step."""
+        with self._lock:
+            handle.cancelled = True
+
+    def _retire(self, h: Handle) -> None:
+        if h.row is not None:
+            self.engine.release(h.row)
+            if h.result is None and h.error is None:
+                h.result = self.engine.result(h.row)
+                if h.cancelled:
+                    h.result.finish_reason = "cancelled"
+        h.done_event.set()
+
+    def step(self) -> list[tuple[Handle, list[int]]]:
+        """Admit, run one round, retire; returns (handle, new tokens) for every row that ran."""
+        with self._lock:
+            for h in [h for h in self.waiting if h.cancelled]:
+                self.waiting.remove(h)
+                self._retire(h)
+            for h in [h for h in self.running if h.cancelled]:
+                self.running.remove(h)
+                self._retire(h)
+            while self.waiting and len(self.running) < self.max_batch:
+                self.running.append(self.waiting.popleft())
+            batch = list(self.running)
+        if not batch:
+            return []
+        try:
+            new = self.engine.step([h.row for h in batch])  # type: ignore[misc]
+        except Exception as exc:  # a failing round fails its rows, never the scheduler
+            for h in batch:
+                h.error = f"{type(exc).__name__}: {exc}"
+                h.result = GenerationResult("", list(h.tokens), "error", h.row.metrics, h.row.prompt_ids, h.error)
+            with self._lock:
+                for h in batch:
+                    self.running.remove(h)
+                    self._retire(h)
+            raise
+        events = []
+        for h, toks in zip(batch, new, strict=True):
+            h.tokens.extend(toks)
+            events.append((h, toks))
+            if h.on_tokens is not None and toks:
+                h.on_tokens(h, toks)
+        with self._lock:
+            for h in batch:
+                if h.row.done:  # type: ignore[union-attr]
+                    self.running.remove(h)
+                    self._retire(h)
+        return events
+
+    def run(self) -> None:
+        """Step until every submitted request is done."""
+        while not self.idle:
+            self.step()
