@@ -8,7 +8,15 @@ from typing import Any
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-__all__ = ["RULE_CONFIGS", "TOY_ENGINES", "ToyTokenizer", "skip_unless_real_pair", "tiny_qwen", "toy_engine"]
+__all__ = [
+    "RULE_CONFIGS",
+    "TOY_ENGINES",
+    "ToyTokenizer",
+    "chi_square_pvalue",
+    "skip_unless_real_pair",
+    "tiny_qwen",
+    "toy_engine",
+]
 
 #: one representative parameterization per rule configuration (truncation rules with both corrections);
 #: every registered rule appears
@@ -132,3 +140,23 @@ def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True)
 
 #: the toy engines built so far (an :class:`verispec.api.EngineCache`, made on first use)
 TOY_ENGINES: Any = None
+
+
+def chi_square_pvalue(counts: Mapping[tuple, int], exact: Mapping[tuple, float]) -> float:
+    """Chi-square goodness-of-fit p-value of observed ``counts`` against the exact law ``exact`` (bins with
+    expected count < 5 pooled into one). Raises AssertionError at once if a bin of exact probability zero was
+    observed: a sampler that emits an impossible outcome fails regardless of the statistic."""
+    import numpy as np
+    from scipy.stats import chisquare
+
+    impossible = [k for k, c in counts.items() if c and exact.get(k, 0.0) <= 0]
+    assert not impossible, f"sampled zero-probability outcome(s) {impossible[:3]}"
+    n = sum(counts.values())
+    keys = sorted(exact, key=lambda k: -exact[k])
+    expected = np.array([exact[k] * n for k in keys])
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
