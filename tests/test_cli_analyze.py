@@ -143,3 +143,31 @@ def test_simulate_command(tmp_path):
     res = run("simulate", "--out", str(tmp_path), "--pairs", "5")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "figure4_lemma1.csv").exists() and (tmp_path / "figure4_lemma1.png").exists()
+
+
+P5 = "0.5,0.25,0.15,0.07,0.03"
+Q5 = "0.2,0.35,0.05,0.3,0.1"
+
+
+def test_adaptive_interpolation_differs_from_cos_we_unless_residual():
+    """Issue 15 'done when': the default realization shows a distribution different from CoS-WE, and
+    realization=residual shows CoS-WE exactly; sum(P) is printed."""
+    norm = analyze_json("--rule", "adaptive-interpolation", "--param", "lam=0.4", "--p", P5, "--q", Q5)
+    res = analyze_json("--rule", "adaptive-interpolation", "--param", "lam=0.4", "--param", "realization=residual",
+                       "--p", P5, "--q", Q5)
+    cos = analyze_json("--rule", "cos-we", "--param", "lam=0.4", "--p", P5, "--q", Q5)
+    assert norm["realization"] == "normalized" and res["realization"] == "residual"
+    assert abs(norm["reference_sum"] - 0.99) < TOL and abs(res["reference_sum"] - 0.99) < TOL
+    assert norm["tv_to_cos_we"] > 1e-3 and not close(norm["induced"], cos["induced"])
+    assert abs(res["tv_to_cos_we"]) < TOL and close(res["induced"], cos["induced"])
+    assert norm["cos_we"] == "cos-we(lam=0.4)"
+    assert "reference_sum" not in cos
+
+
+def test_ceiling_rule_and_human_output():
+    out = analyze_json("--rule", "ceiling", "--param", "l=0.4", "--p", P5, "--q", Q5)
+    ref = [min(q, p / 0.4) for p, q in zip((0.5, 0.25, 0.15, 0.07, 0.03), (0.2, 0.35, 0.05, 0.3, 0.1), strict=True)]
+    assert close(out["induced"], [x / sum(ref) for x in ref])
+    assert abs(out["reference_sum"] - sum(ref)) < TOL
+    res = run("analyze", "--rule", "overshoot-ceiling", "--param", "lam=0.4", "--p", P5, "--q", Q5)
+    assert res.exit_code == 0 and "sum(P)" in res.output and "TV(induced, cos-we(lam=0.4))" in res.output

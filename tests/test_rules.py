@@ -23,6 +23,7 @@ from verispec.analysis import (
 from verispec.processors import eta_mask, minp_mask, renormalize_on
 from verispec.rules.collaborative import (
     AdaptiveInterpolation,
+    Ceiling,
     CosCD,
     CosWE,
     Lenience,
@@ -99,7 +100,7 @@ def test_registry_names_and_classes():
         "lossless": Lossless, "naive-resample": NaiveResample, "minp-sampling": MinPSampling,
         "eta-sampling": EtaSampling, "lenience": Lenience, "cos-we": CosWE, "cos-cd": CosCD,
         "overshoot-ceiling": OvershootCeiling, "adaptive-interpolation": AdaptiveInterpolation,
-        "minp-cap": MinPCap, "spec-cascade": SpecCascade, "typical": Typical,
+        "ceiling": Ceiling, "minp-cap": MinPCap, "spec-cascade": SpecCascade, "typical": Typical,
     }
     assert rules.REGISTRY == expected
     for name, cls in expected.items():
@@ -115,8 +116,8 @@ def test_get_with_params_and_aliases():
     assert rules.get("spec-cascade", correction="target").correction_source == "target"
     assert rules.get("typical", correction="draft").correction_source == "draft"
     r = rules.get("minp-cap", p_base=0.3, l=0.7)
-    assert r.params == {"p_base": 0.3, "l": 0.7}
-    assert r.describe() == "minp-cap(p_base=0.3, l=0.7)"
+    assert r.params == {"p_base": 0.3, "l": 0.7, "realization": "normalized"}
+    assert r.describe() == "minp-cap(p_base=0.3, l=0.7, realization=normalized)"
     assert rules.get(r) is r
 
 
@@ -319,9 +320,9 @@ def test_cos_cd_induces_its_normalized_reference(pq, lam):
 @PROPS
 @given(pairs(), st.sampled_from([0.3, 0.7]), st.sampled_from([0.2, 0.6]))
 def test_minp_cap_accept_path(pq, p_base, l):
-    # accept path: q on the min-p set A of p, min(q, p/l) outside it (App. E)
+    # residual realization: accept path q on the min-p set A of p, min(q, p/l) outside it (App. E)
     p, q = pq
-    rule = rules.get("minp-cap", p_base=p_base, l=l)
+    rule = rules.get("minp-cap", p_base=p_base, l=l, realization="residual")
     inside = minp_mask(p, p_base)
     accept = q * rule.acceptance(p, q)
     assert maxdiff(accept, torch.where(inside, q, torch.minimum(q, p / l))) < TOL
@@ -375,3 +376,147 @@ def test_lossy_rules_differ_from_p(name, params):
 def test_lossless_rules_match_target_on_fixed_pair(name, params):
     rule = rules.get(name, **params)
     assert maxdiff(induced_distribution(rule, P5, Q5), rule.target(d(P5))) < TOL
+
+
+# ----------------------------------------------------------------------------------------------- realizations
+# Rules whose paper reference P (Sec. 4, Table 6) is not a distribution: realization="normalized" (default)
+# induces P / sum(P) exactly; realization="residual" is the h = min(1, P/q), r = norm([P - q]+) construction.
+
+UNNORMALIZED = [
+    ("adaptive-interpolation", {"lam": 0.4}),
+    ("overshoot-ceiling", {"lam": 0.4}),
+    ("ceiling", {"l": 0.4}),
+    ("minp-cap", {"p_base": 0.5, "l": 0.4}),
+]
+
+
+@PROPS
+@given(pairs())
+def test_normalized_realization_induces_p_over_sum_p(pq):
+    p, q = pq
+    for name, params in UNNORMALIZED:
+        rule = rules.get(name, **params)
+        assert rule.realization == "normalized"
+        ref = rule.reference(p, q)
+        expected = ref / ref.sum() if float(ref.sum()) > 0 else p  # disjoint supports: Ptilde = p (documented)
+        assert maxdiff(induced_distribution(rule, p, q), expected) < TOL, name
+
+
+def test_paper_references_are_not_normalized():
+    """The reason for the realization parameter: sum(P) != 1 on the worked pair for every such rule."""
+    for name, params in UNNORMALIZED:
+        rule = rules.get(name, **params)
+        assert abs(float(rule.reference(d(P5), d(Q5)).sum()) - 1) > 1e-3, name
+
+
+@PROPS
+@given(pairs(), st.sampled_from([0.2, 0.4, 0.6, 0.8, 1.0]))
+def test_adaptive_interpolation_residual_is_cos_we(pq, lam):
+    """Issue 15: realized as h = min(1, P/q), r = norm([P - q]+), adaptive interpolation induces CoS-WE(lam)."""
+    p, q = pq
+    res = induced_distribution(rules.get("adaptive-interpolation", lam=lam, realization="residual"), p, q)
+    assert maxdiff(res, cos_we_closed_form(p, q, lam)) < TOL
+
+
+def test_adaptive_interpolation_normalized_differs_from_cos_we():
+    for lam in (0.2, 0.4, 0.6, 0.8):
+        out = induced_distribution(rules.get("adaptive-interpolation", lam=lam), P5, Q5)
+        assert float(tv(out, cos_we_closed_form(P5, Q5, lam))) > 1e-3, lam
+        # and it is the paper's shape: q + Delta (p - q) on q <= p, lam p + (1 - lam) q above, renormalized
+        delta = lenience_delta(d(P5), d(Q5), lam)
+        shape = torch.where(d(Q5) <= d(P5), d(Q5) + delta * (d(P5) - d(Q5)), lam * d(P5) + (1 - lam) * d(Q5))
+        assert maxdiff(out, shape / shape.sum()) < TOL
+
+
+@PROPS
+@given(pairs(), st.sampled_from([0.2, 0.5, 0.8]))
+def test_overshoot_ceiling_residual_is_an_adaptive_coefficient(pq, lam):
+    """Residual realization on q <= p: q + (R / TV)(p - q), R the rejected mass, TV = TV(p, q)."""
+    p, q = pq
+    rule = rules.get("overshoot-ceiling", lam=lam, realization="residual")
+    out = induced_distribution(rule, p, q)
+    rej = 1 - float(acceptance_probability(rule, p, q))
+    t = float(tv(p, q))
+    if t > 1e-9:
+        low = q <= p
+        expected = q + rej / t * (p - q)
+        assert maxdiff(out[low], expected[low]) < 1e-10
+
+
+@PROPS
+@given(pairs(), st.sampled_from([0.1, 0.3, 0.5, 0.9, 1.0]))
+def test_ceiling_residual_is_lenience(pq, l):
+    p, q = pq
+    out = induced_distribution(rules.get("ceiling", l=l, realization="residual"), p, q)
+    assert maxdiff(out, induced_distribution(rules.get("lenience", l=l), p, q)) < TOL
+
+
+def test_ceiling_normalized_differs_from_lenience():
+    out = induced_distribution(rules.get("ceiling", l=0.4), P5, Q5)
+    ref = torch.minimum(d(Q5), d(P5) / 0.4)
+    assert maxdiff(out, ref / ref.sum()) < TOL
+    assert float(tv(out, induced_distribution(rules.get("lenience", l=0.4), P5, Q5))) > 1e-2
+
+
+@PROPS
+@given(pairs(), st.sampled_from([0.3, 0.7]), st.sampled_from([0.2, 0.6]))
+def test_minp_cap_residual_equals_the_pre_realization_construction(pq, p_base, l):
+    """realization="residual" is exactly the old rule: h = 1 on A, min(1, p/(l q)) outside, r = norm([p - q]+)."""
+    p, q = pq
+    rule = rules.get("minp-cap", p_base=p_base, l=l, realization="residual")
+    inside = minp_mask(p, p_base)
+    h = torch.where(q > 0, torch.where(inside, torch.ones_like(p), torch.clamp(p / (l * torch.where(q > 0, q, 1)),
+                                                                                max=1.0)), torch.zeros_like(p))
+    assert maxdiff(rule.acceptance(p, q), h) < TOL
+    res = torch.clamp(p - q, min=0)
+    if float(res.sum()) > 0:
+        assert maxdiff(rule.correction(p, q), res / res.sum()) < TOL
+
+
+def test_realization_is_validated():
+    with pytest.raises(ValueError, match="realization"):
+        rules.get("ceiling", realization="both")
+    with pytest.raises(ValueError, match="no parameter"):
+        rules.get("cos-we", realization="residual")
+
+
+# ----------------------------------------------------------------------------------------------- baselines' draft
+
+
+def test_baselines_leave_the_draft_untouched_by_default():
+    q = d(Q5)
+    for name, params in (("minp-sampling", {"p_base": 0.5}), ("eta-sampling", {"epsilon": 1.0})):
+        rule = rules.get(name, **params)
+        assert rule.draft_truncation == "none"
+        assert torch.equal(rule.draft(q), q)  # App. C / Lemma 1: the baseline reuses the untruncated draft
+        same = rules.get(name, draft_truncation="same", **params)
+        assert maxdiff(same.draft(q), renormalize_on(q, same.allowed(q))) < TOL
+        assert float(tv(same.draft(q), q)) > 1e-3
+        # lossless w.r.t. p_Theta either way; only the acceptance differs
+        for r in (rule, same):
+            assert maxdiff(induced_distribution(r, P5, r.draft(q)), r.target(d(P5))) < TOL
+        assert abs(float(acceptance_probability(rule, P5, rule.draft(q)))
+                   - float(acceptance_probability(same, P5, same.draft(q)))) > 1e-3
+    assert rules.matched_baseline(rules.get("spec-cascade", p_base=0.3), "same").draft_truncation == "same"
+    with pytest.raises(ValueError, match="draft_truncation"):
+        rules.get("minp-sampling", draft_truncation="q")
+
+
+# ----------------------------------------------------------------------------------------------- typical, Eq. 28
+
+
+def test_typical_ratio_reading_on_chains():
+    """acceptance="ratio": h = min{p / tau, 1}, tau = min(eps, delta e^-H(p)); 1 on A_eta, fractional below."""
+    from verispec.processors import eta_threshold
+
+    p, q = d(P5), d(Q5)
+    ind = rules.get("typical", epsilon=0.3)
+    rat = rules.get("typical", epsilon=0.3, acceptance="ratio")
+    tau = eta_threshold(p, 0.3)
+    assert maxdiff(rat.acceptance(p, q), torch.clamp(p / tau, max=1.0)) < TOL
+    allowed = eta_mask(p, 0.3)
+    assert maxdiff(rat.acceptance(p, q)[allowed], torch.ones(int(allowed.sum()), dtype=torch.float64)) < TOL
+    assert maxdiff(ind.acceptance(p, q), allowed.to(torch.float64)) < TOL
+    assert float(tv(induced_distribution(rat, p, q), induced_distribution(ind, p, q))) > 1e-3
+    with pytest.raises(ValueError, match="acceptance"):
+        rules.get("typical", acceptance="sometimes")

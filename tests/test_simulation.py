@@ -42,15 +42,30 @@ def test_lemma1_direct_equals_gain_minus_loss_on_every_pair(per_pair):
 
 def test_direct_is_the_change_in_acceptance_of_the_rules():
     # Delta BE = acceptance(truncated target + lossless SD) - acceptance(lossless SD), through the rules' own h
-    p, q = draw_pairs(DEFAULT_TRIPLETS[1], 200, rng=5)
+    # and their own draft transform: the matched baseline as it runs by default (draft_truncation="none")
+    p, q = draw_pairs(DEFAULT_TRIPLETS[1], 200, rng=5, q_tail=1.0)
     for strategy, param, rule in (
         ("minp", 0.3, rules.get("minp-sampling", p_base=0.3)),
         ("eta", 0.1, rules.get("eta-sampling", epsilon=0.1)),
     ):
         lem = lemma1(p, q, allowed_set(p, strategy, param))
-        delta = acceptance_probability(rule, p, q) - acceptance_probability("lossless", p, q)
+        delta = acceptance_probability(rule, p, rule.draft(q)) - acceptance_probability("lossless", p, q)
         assert float((lem.direct - delta).abs().max()) < 1e-12
         assert float((lem.net - delta).abs().max()) < 1e-12
+        # the old baseline (q truncated by the same strategy) is not what Lemma 1 describes
+        same = rules.get(rule.name, **{**rule.params, "draft_truncation": "same"})
+        old = acceptance_probability(same, p, same.draft(q)) - acceptance_probability("lossless", p, q)
+        assert float((lem.net - old).abs().max()) > 1e-3
+
+
+def test_simulation_records_the_baseline_it_ran():
+    df = simulate_pairs(triplets=[DEFAULT_TRIPLETS[0]], n_pairs=50, seed=2, q_tail=1.0)
+    assert set(df["draft_truncation"]) == {"none"}
+    assert float((df["baseline_delta"] - df["direct"]).abs().max()) < 1e-12
+    same = simulate_pairs(triplets=[DEFAULT_TRIPLETS[0]], n_pairs=50, seed=2, q_tail=1.0, draft_truncation="same")
+    assert set(same["draft_truncation"]) == {"same"}
+    assert float((same["baseline_delta"] - same["direct"]).abs().max()) > 1e-3
+    pd.testing.assert_series_equal(same["net"], df["net"])  # Lemma 1 itself does not depend on the choice
 
 
 def test_draw_pairs_structure():

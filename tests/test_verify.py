@@ -227,7 +227,7 @@ def test_token_only_lossless_worked_example():
     res = verify_block(Lossless(), drafts, None, p.expand(N_SMALL, 2, 3), g)
     assert_binomial(int((res.num_accepted == 1).sum()), N_SMALL, 0.3, "acceptance")
     assert_fits(res.tokens[:, 0], p, "token-only lossless")
-    assert torch.allclose(res.h, torch.full_like(res.h, 0.3), atol=1e-15)
+    assert torch.allclose(res.accept_prob, torch.full_like(res.accept_prob, 0.3), atol=1e-15)
 
 
 # ----------------------------------------------------------------------------------------------- the test can fail
@@ -256,7 +256,8 @@ def test_same_seed_same_output():
     a = verify_block(rule, drafts, qq, pp, torch.Generator().manual_seed(42))
     b = verify_block(rule, drafts, qq, pp, torch.Generator().manual_seed(42))
     c = verify_block(rule, drafts, qq, pp, torch.Generator().manual_seed(43))
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.h, b.h)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+    assert torch.equal(a.accept_prob, b.accept_prob)
     assert not torch.equal(a.tokens, c.tokens)
     s1 = sample_categorical(p.expand(100, 8), torch.Generator().manual_seed(1))
     s2 = sample_categorical(p.expand(100, 8), torch.Generator().manual_seed(1))
@@ -273,7 +274,7 @@ def test_verify_greedy_hand_examples():
     assert res.num_accepted.tolist() == [3, 1, 0, 2]
     assert res.tokens.tolist() == [[1, 2, 3, 4], [1, 2, -1, -1], [1, -1, -1, -1], [1, 2, 3, -1]]
     assert res.bonus.tolist() == [True, False, False, False]
-    assert res.h.tolist() == [[1, 1, 1], [1, 0, 1], [0, 1, 1], [1, 1, 0]]
+    assert res.accept_prob.tolist() == [[1, 1, 1], [1, 0, 1], [0, 1, 1], [1, 1, 0]]
     assert [res.emitted(i) for i in range(4)] == [[1, 2, 3, 4], [1, 2], [1], [1, 2, 3]]
 
 

@@ -87,6 +87,14 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
         "tv_to_p": float(tv(induced, p)),
         "kl_to_p": float(kl(induced, p)),
     }
+    if isinstance(rule, rules.UnnormalizedReferenceRule):
+        # Sec. 4 / Table 6 references are not distributions: show sum(P) and compare with CoS-WE (same parameter)
+        lam = float(getattr(rule, "lam", getattr(rule, "l", 0.5)))
+        cos = rules.get("cos-we", lam=lam)
+        out["realization"] = rule.realization
+        out["reference_sum"] = float(rule.reference(p, q).sum())
+        out["cos_we"] = cos.describe()
+        out["tv_to_cos_we"] = float(tv(induced, induced_distribution(cos, p, q)))
     matched = rules.matched_baseline(rule)
     if type(matched) is not Lossless:
         target = matched.target(p)
@@ -111,12 +119,15 @@ def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, 
 
     Prints the induced distribution, the acceptance probability, and TV and KL(induced || p); for rules with a
     truncated matched target p_Theta (the truncation baselines, SpecCascade, typical acceptance) also TV and
-    KL to p_Theta. Inputs must be non-negative, of equal length, and sum to 1 within 1e-6 (then renormalized
-    exactly). q is passed through the rule's draft transform (min-p / eta truncation for the baselines).
+    KL to p_Theta. For the rules whose paper reference P is not a distribution (adaptive-interpolation,
+    overshoot-ceiling, ceiling, minp-cap) also the realization, sum(P) and the TV between the induced
+    distribution and CoS-WE with the same parameter (lam, or l). Inputs must be non-negative, of equal length,
+    and sum to 1 within 1e-6 (then renormalized exactly). q is passed through the rule's draft transform (the
+    identity except for a truncation baseline with draft_truncation=same).
 
     With --json: one object with keys induced, acceptance, tv_to_p, kl_to_p, and when a matched target exists
-    tv_to_matched, kl_to_matched (plus matched, matched_target); also rule, p, q. An infinite KL is written as
-    the string "inf".
+    tv_to_matched, kl_to_matched (plus matched, matched_target); for the rules above realization,
+    reference_sum, cos_we, tv_to_cos_we; also rule, p, q. An infinite KL is written as the string "inf".
     """
     from . import rules
 
@@ -131,7 +142,7 @@ def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, 
 
     if as_json:
         keys = ["induced", "acceptance", "tv_to_p", "kl_to_p", "tv_to_matched", "kl_to_matched", "matched",
-                "matched_target", "rule", "p", "q"]
+                "matched_target", "realization", "reference_sum", "cos_we", "tv_to_cos_we", "rule", "p", "q"]
         obj = {k: res[k] for k in keys if k in res}
         for k in ("kl_to_p", "kl_to_matched"):
             if k in obj:
@@ -172,6 +183,10 @@ def _print_analysis(res: dict) -> None:
         summary.add_row("matched target p_Theta", escape(f"{res['matched']}.target(p)"))
         summary.add_row("TV(induced, p_Theta)", _fmt(res["tv_to_matched"]))
         summary.add_row("KL(induced || p_Theta)", _fmt(res["kl_to_matched"]))
+    if "reference_sum" in res:
+        summary.add_row("realization", res["realization"])
+        summary.add_row("sum(P) of the paper's reference", _fmt(res["reference_sum"]))
+        summary.add_row(escape(f"TV(induced, {res['cos_we']})"), _fmt(res["tv_to_cos_we"]))
     console.print(summary)
 
 

@@ -18,23 +18,31 @@ __all__ = [
     "toy_engine",
 ]
 
-#: one representative parameterization per rule configuration (truncation rules with both corrections);
+#: one representative parameterization per rule configuration (truncation rules with both corrections, both
+#: realizations of the unnormalized-reference rules, typical's ratio reading, a baseline truncating its draft);
 #: every registered rule appears
 RULE_CONFIGS: list[tuple[str, dict[str, object]]] = [
     ("lossless", {}),
     ("naive-resample", {}),
     ("minp-sampling", {"p_base": 0.2}),
+    ("minp-sampling", {"p_base": 0.2, "draft_truncation": "same"}),
     ("eta-sampling", {"epsilon": 0.1}),
     ("lenience", {"l": 0.5}),
     ("cos-we", {"lam": 0.4}),
     ("cos-cd", {"lam": 0.5}),
     ("overshoot-ceiling", {"lam": 0.5}),
+    ("overshoot-ceiling", {"lam": 0.5, "realization": "residual"}),
     ("adaptive-interpolation", {"lam": 0.5}),
+    ("adaptive-interpolation", {"lam": 0.5, "realization": "residual"}),
+    ("ceiling", {"l": 0.5}),
+    ("ceiling", {"l": 0.3, "realization": "residual"}),
     ("minp-cap", {"p_base": 0.5, "l": 0.5}),
+    ("minp-cap", {"p_base": 0.5, "l": 0.5, "realization": "residual"}),
     ("spec-cascade", {"p_base": 0.1}),
     ("spec-cascade", {"p_base": 0.3, "correction": "target"}),
     ("typical", {"epsilon": 0.1}),
     ("typical", {"epsilon": 0.3, "delta": 0.5, "correction": "target"}),
+    ("typical", {"epsilon": 0.3, "acceptance": "ratio"}),
 ]
 
 

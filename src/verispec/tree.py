@@ -7,38 +7,44 @@ candidate set C = (x(1), ..., x(D)) examined at the position after that node.
 The target scores every node in ONE forward after its cached prefix: each node attends to the prefix and to
 its ancestors (itself included), at position ``prefix_len - 1 + depth`` (:func:`tree_attention`).
 
-:func:`verify_tree` walks from the root. At a node with target distribution p and p_Theta = rule.target(p):
+:func:`verify_tree` walks from the root. Each position is ONE step, :class:`PositionWalk`, written only with
+the rule's ``target``, ``acceptance`` and ``correction`` (through ``rule.tree_verifier()`` and its
+``tree_rejection``), and shared with the exact analysis (:func:`verispec.analysis.tree.position_law`): a new rule
+needs no edit here. At a node with target distribution p, p~_1 = rule.target(p), v = rule.tree_verifier():
 
-* lossless rules (``lossless``, and the truncation baselines ``minp-sampling`` / ``eta-sampling``) run the
-  recursive rejection sampling of multi-candidate SD: p~ <- p_Theta; candidate i is accepted with
-  min(1, p~(x_i) / q_i(x_i)); after a rejection p~ <- norm([p~ - q_i]+). For a token-only (greedy) candidate
-  set q_i is one-hot, so this is H.1 Eq. 26: accept with p~(x_i), zero-and-renormalize (Lemma 3(i)). For a
-  sampled candidate set (children drawn one after another without replacement from q),
-  q_1 = q and q_{i+1} = q_i with x_i removed, renormalized; equally lossless. When no child is accepted the
-  bonus is drawn from the current p~ (after the removals), so the position emits p_Theta exactly.
-* truncation-based rules (``spec-cascade`` Eq. 27, ``typical`` Eq. 28) use h(x) = 1[x in A_Theta] with A
-  computed on p_Theta, examined in order with p~ = p_Theta throughout (Lemma 3(ii)); if none is accepted the
-  path ends with a bonus token from p_Theta. Eq. 28 also writes typical acceptance as
-  min{p_Theta(x) / tau, 1}, tau = min(eps, delta e^{-H(p_Theta)}), which is fractional where
-  0 < p_Theta(x) < tau (the form Lemma 3(ii) uses); ``typical="ratio"`` selects that reading.
+* candidate x_i (q_i: the draft distribution it was drawn from; one-hot for a token-only candidate set) is
+  accepted with h_i = v.acceptance(p~_i, q_i)(x_i), and with 0 when q_i(x_i) = 0;
+* after a rejection, v.tree_rejection = "residual" sets p~_{i+1} = v.correction(p~_i, q_i); "keep" leaves it;
+* when every candidate is rejected the bonus token is drawn from p~_{D+1}.
+
+For the lossless rules (``lossless``; the truncation baselines verify p_Theta with plain lossless SD) this is
+the recursive rejection sampling of multi-candidate SD: accept with min(1, p~(x_i) / q_i(x_i)), then
+p~ <- norm([p~ - q_i]+). With a token-only candidate set q_i is one-hot: H.1 Eq. 26, accept with p~(x_i),
+zero-and-renormalize (Lemma 3(i)). For a sampled set (children drawn one after another without replacement
+from q) q_1 = q and q_{i+1} = q_i with x_i removed, renormalized; equally lossless. Either way the position
+emits p_Theta exactly. Truncation-based rules (``spec-cascade`` Eq. 27, ``typical`` Eq. 28) apply their own h
+to p_Theta (the distribution the tree verifier scores), keep p~ = p_Theta throughout and draw the bonus from it
+(Lemma 3(ii)); typical's ``acceptance`` parameter picks Eq. 28's indicator or its fractional reading
+min{p_Theta(x) / tau, 1}, tau = min(eps, delta e^{-H(p_Theta)}).
 
 Every uniform is float64; every token is drawn with :func:`verispec.verify.sample_categorical`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-from .processors import eta_threshold
 from .rules import Rule, TruncationRule
-from .rules.truncation import Typical
 from .verify import sample_categorical
 
 __all__ = [
+    "PositionWalk",
     "TokenTree",
     "TreeVerifyResult",
     "ancestor_matrix",
@@ -184,26 +190,69 @@ def candidate_q(q: torch.Tensor, candidates: Sequence[int]) -> list[torch.Tensor
     return out
 
 
-def tree_acceptance(rule: TruncationRule, p_theta: torch.Tensor, typical: TypicalMode = "indicator") -> torch.Tensor:
-    """h over the vocabulary for a truncation-based rule in a tree (H.1 Eq. 27-28), from p_Theta.
-
-    Indicator 1[x in A_Theta(p_Theta)]; with ``typical="ratio"`` typical acceptance uses
-    min{p_Theta(x) / tau, 1}, tau = min(eps, delta e^{-H(p_Theta)}) (delta = eps unless set).
-    """
+def _with_typical(rule: Rule, typical: TypicalMode | None) -> Rule:
+    """Backward compatibility of the old ``typical=`` keyword: it sets the rule's ``acceptance`` parameter."""
+    if typical is None:
+        return rule
     if typical not in ("indicator", "ratio"):
         raise ValueError(f"typical must be 'indicator' or 'ratio', got {typical!r}")
-    if typical == "ratio" and isinstance(rule, Typical):
-        tau = eta_threshold(p_theta, rule.epsilon, rule.delta)
-        return torch.clamp(p_theta / tau, max=1.0)
-    return rule.allowed(p_theta).to(p_theta.dtype)
+    if "acceptance_form" not in rule.param_names or rule.acceptance_form == typical:  # type: ignore[attr-defined]
+        return rule
+    warnings.warn("typical= is deprecated: build the rule with acceptance='ratio' (or 'indicator') instead",
+                  DeprecationWarning, stacklevel=3)
+    return dataclasses.replace(rule, acceptance_form=typical)  # type: ignore[type-var]
+
+
+def tree_acceptance(rule: TruncationRule, p_theta: torch.Tensor, typical: TypicalMode | None = None) -> torch.Tensor:
+    """h over the vocabulary that the tree walk uses for a truncation-based rule (H.1 Eq. 27-28): the rule's
+    own acceptance applied to p_Theta. For typical, ``acceptance="indicator"`` gives 1[x in A_Theta(p_Theta)],
+    ``"ratio"`` min{p_Theta(x) / tau, 1}, tau = min(eps, delta e^{-H(p_Theta)}); ``typical=`` overrides it
+    (deprecated)."""
+    rule = _with_typical(rule, typical)  # type: ignore[assignment]
+    return rule.tree_verifier().acceptance(p_theta, p_theta)
 
 
 def check_tree_rule(rule: Rule) -> None:
-    if not (rule.lossless or isinstance(rule, TruncationRule)):
+    """Raise ValueError unless the rule has a tree walk (``rule.tree_verifier().tree_rejection`` is set)."""
+    if rule.tree_verifier().tree_rejection not in ("residual", "keep"):
         raise ValueError(
             f"tree verification supports lossless rules (lossless, minp-sampling, eta-sampling) and truncation-based "
             f"rules (spec-cascade, typical), not {rule.name!r}"
         )
+
+
+class PositionWalk:
+    """One position of the walk (App. H.1; see the module docstring), lazily.
+
+    Iterating yields h_1, h_2, ...: the acceptance probability of candidate i given that candidates 1..i-1 were
+    rejected; asking for h_{i+1} means candidate i was rejected (the residual is only computed then).
+    :attr:`bonus` is the current p~: after the whole iteration, the bonus distribution of an all-reject position.
+    The sampler (:func:`select_child`) and the exact analysis (:func:`verispec.analysis.tree.position_law`) both
+    consume this one object.
+    """
+
+    def __init__(self, rule: Rule, p: torch.Tensor, candidates: Sequence[int], q: torch.Tensor | None = None):
+        check_tree_rule(rule)
+        self.rule = rule
+        self.verifier = rule.tree_verifier()
+        self.candidates = [int(x) for x in candidates]
+        self.bonus = rule.target(p.to(torch.float64))
+        self._qs = candidate_q(q, self.candidates) if q is not None else None
+
+    def _q(self, i: int) -> torch.Tensor:
+        if self._qs is not None:
+            return self._qs[i]
+        onehot = torch.zeros_like(self.bonus)
+        onehot[self.candidates[i]] = 1.0
+        return onehot
+
+    def __iter__(self) -> Iterator[float]:
+        for i, x in enumerate(self.candidates):
+            qi = self._q(i)
+            h = float(self.verifier.acceptance(self.bonus, qi)[x]) if qi[x] > 0 else 0.0
+            yield h
+            if self.verifier.tree_rejection == "residual":
+                self.bonus = self.verifier.correction(self.bonus, qi)
 
 
 def select_child(
@@ -212,36 +261,19 @@ def select_child(
     candidates: Sequence[int],
     q: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
-    typical: TypicalMode = "indicator",
+    typical: TypicalMode | None = None,
 ) -> tuple[int | None, int]:
     """One position of the walk: returns (index of the accepted candidate, its token) or (None, bonus token).
 
     ``p`` [V] is the target's processed distribution at this position; ``candidates`` the ordered candidate
     tokens; ``q`` the draft distribution they were drawn from without replacement (None: token-only).
+    ``typical`` is the deprecated form of typical's ``acceptance`` parameter.
     """
-    check_tree_rule(rule)
-    pt = rule.target(p.to(torch.float64))
-    if rule.lossless:
-        cur = pt
-        qs = candidate_q(q, candidates) if q is not None else [None] * len(candidates)
-        for i, (x, qi) in enumerate(zip(candidates, qs, strict=True)):
-            h = min(1.0, float(cur[x])) if qi is None else min(1.0, float(cur[x] / qi[x]))
-            if _uniform(generator) < h:
-                return i, int(x)
-            if qi is None:
-                res = cur.clone()
-                res[x] = 0.0
-            else:
-                res = torch.clamp(cur - qi, min=0.0)
-            mass = res.sum()
-            if mass > 0:  # no mass only when h == 1, where a rejection cannot happen
-                cur = res / mass
-        return None, int(sample_categorical(cur, generator))
-    h = tree_acceptance(rule, pt, typical)  # type: ignore[arg-type]
-    for i, x in enumerate(candidates):
-        if _uniform(generator) < float(h[x]):
-            return i, int(x)
-    return None, int(sample_categorical(pt, generator))
+    walk = PositionWalk(_with_typical(rule, typical), p, candidates, q)
+    for i, h in enumerate(walk):
+        if _uniform(generator) < h:
+            return i, walk.candidates[i]
+    return None, int(sample_categorical(walk.bonus, generator))
 
 
 @dataclass
@@ -267,17 +299,17 @@ def verify_tree(
     tree: TokenTree,
     dist_fn: Callable[[int], torch.Tensor],
     generator: torch.Generator | None = None,
-    typical: TypicalMode = "indicator",
+    typical: TypicalMode | None = None,
 ) -> TreeVerifyResult:
     """Walk the tree from the root (H.1). ``dist_fn(node)`` returns the target's processed distribution p [V]
-    at the position after ``node`` (-1: after the root); it is called only for the nodes the walk reaches."""
+    at the position after ``node`` (-1: after the root); it is called only for the nodes the walk reaches.
+    ``typical`` is the deprecated form of typical's ``acceptance`` parameter."""
+    rule = _with_typical(rule, typical)
     check_tree_rule(rule)
     node, path = -1, []
     while True:
         kids = tree.children(node)
-        i, tok = select_child(
-            rule, dist_fn(node), [tree.tokens[k] for k in kids], tree.child_q.get(node), generator, typical
-        )
+        i, tok = select_child(rule, dist_fn(node), [tree.tokens[k] for k in kids], tree.child_q.get(node), generator)
         if i is None:
             return TreeVerifyResult(path, [tree.tokens[n] for n in path] + [tok], rejected=bool(kids))
         node = kids[i]

@@ -1,21 +1,49 @@
 """The one generic, batched sampler of a verification rule over a chain of drafted tokens.
 
-``verify_block`` applies any :class:`~verispec.rules.Rule` to a whole block: it accepts drafted token i with
-probability h_i(x_i) using a float64 uniform, stops at the first rejection, draws the correction there from
-r_i, or draws the bonus token from the rule's bonus distribution at position gamma when all are accepted
-(tutorial sections 3-5). ``verify_greedy`` is the exact temperature-0 path: accept iff the draft equals the
-target's argmax.
+Names (tutorial sections 3-5; vLLM's rejection sampler calls the correction the *recovered* token):
+
+* **drafted** tokens x_1 .. x_gamma, x_i proposed by the draft from q_i;
+* **accepted**: drafted token i is kept with probability h_i(x_i) = ``rule.acceptance(p_i, q_i)[x_i]``
+  (``VerifyResult.accept_prob``); the block stops at the first rejection, so the accepted drafts are a prefix
+  of n tokens (``num_accepted``);
+* **correction** (vLLM: recovered token): the token drawn from r_{n+1} = ``rule.correction(p, q)`` at the first
+  rejected position;
+* **bonus**: the token drawn from ``rule.bonus(p)`` (p, or p_Theta) at position gamma + 1 when all gamma drafts
+  were accepted;
+* **emitted**: the accepted prefix followed by exactly one correction or bonus token (n + 1 tokens).
+
+``verify_block`` applies any :class:`~verispec.rules.Rule` to a whole block with float64 uniforms.
+``verify_greedy`` is the exact temperature-0 path of lossless SD (accept iff the draft equals the target's
+argmax); ``verify_greedy_rule`` is the deterministic temperature-0 reading of ANY rule: accept iff the draft
+equals the argmax of ``rule.greedy_reference(p, q)`` built from the untempered p and q.
+
+Input contract (violations raise ValueError naming the argument and the problem): p and q rows are probability
+distributions (finite, non-negative, summing to 1 within ``SUM_TOL``), draft ids are integers (int32 or int64)
+inside the vocabulary. A drafted token to which its own q gives probability 0 cannot have been drawn from q:
+it is rejected (h = 0), never accepted, so a lossless rule never emits a token with p(x) = 0.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .rules import Rule
 
-__all__ = ["VerifyResult", "sample_categorical", "verify_block", "verify_greedy"]
+__all__ = [
+    "SUM_TOL",
+    "VerifyResult",
+    "check_distribution",
+    "sample_categorical",
+    "verify_block",
+    "verify_greedy",
+    "verify_greedy_rule",
+]
+
+#: how far from 1 a row of p or q may sum (float32 softmax over 150k tokens stays well inside it)
+SUM_TOL = 1e-4
 
 
 @dataclass
@@ -23,18 +51,25 @@ class VerifyResult:
     """Outcome of verifying one block per row.
 
     ``num_accepted`` [B]: accepted drafted tokens n (0..gamma). ``tokens`` [B, gamma + 1]: the emitted tokens,
-    the accepted prefix then one correction or bonus token, padded with -1 after position n. ``h`` [B, gamma]:
-    the acceptance probabilities used (1 or 0 on the greedy path). ``bonus`` [B]: True where all drafted tokens
+    the accepted prefix then one correction or bonus token, padded with -1 after position n. ``accept_prob``
+    [B, gamma]: the acceptance probability h_i(x_i) each drafted token was tested with (1 or 0 on the
+    deterministic greedy paths; 0 for a token its q gives no mass). ``bonus`` [B]: True where all drafted tokens
     were accepted and the last token is the bonus.
     """
 
     num_accepted: torch.Tensor
     tokens: torch.Tensor
-    h: torch.Tensor
+    accept_prob: torch.Tensor
+
+    @property
+    def h(self) -> torch.Tensor:
+        """Deprecated alias of :attr:`accept_prob` (the paper's h)."""
+        warnings.warn("VerifyResult.h is deprecated; use accept_prob", DeprecationWarning, stacklevel=2)
+        return self.accept_prob
 
     @property
     def bonus(self) -> torch.Tensor:
-        return self.num_accepted == self.h.shape[-1]
+        return self.num_accepted == self.accept_prob.shape[-1]
 
     def emitted(self, row: int = 0) -> list[int]:
         """The emitted token ids of one row (accepted prefix + correction/bonus)."""
@@ -60,16 +95,63 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     return idx.squeeze(-1)
 
 
-def _check_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> None:
+# ------------------------------------------------------------------------------------------------ contracts
+
+
+def check_distribution(name: str, x: torch.Tensor, tol: float = SUM_TOL) -> None:
+    """Raise ValueError naming ``name`` unless every row (last dim) of ``x`` is a probability distribution."""
+    if x.is_complex() or not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor of probabilities, got dtype {x.dtype}")
+    if x.numel() == 0:
+        return
+    if bool(torch.isnan(x).any()):
+        raise ValueError(f"{name} contains NaN: pass probability distributions")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains inf: pass probability distributions, not logits")
+    low = float(x.min())
+    if low < 0:
+        raise ValueError(f"{name} has negative entries (min {low:.3g}): pass probabilities, not logits")
+    sums = x.to(torch.float64).sum(-1)
+    off = (sums - 1).abs()
+    if bool((off > tol).any()):
+        raise ValueError(f"{name} rows must sum to 1 (tolerance {tol:g}); row sums range from "
+                         f"{float(sums.min()):.6g} to {float(sums.max()):.6g}")
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab})")
+    return ids.long()
+
+
+def _check_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor:
+    """Validate shapes and contents; return the draft ids as int64."""
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [batch, gamma], got shape {tuple(draft_tokens.shape)}")
     b, gamma = draft_tokens.shape
     if p.dim() != 3 or p.shape[0] != b or p.shape[1] != gamma + 1:
         raise ValueError(f"p must be [batch, gamma + 1, V] = [{b}, {gamma + 1}, V], got {tuple(p.shape)}")
-    if q is not None and (q.shape[:2] != (b, gamma) or q.shape[-1] != p.shape[-1]):
+    if q is not None and (q.dim() != 3 or q.shape[:2] != (b, gamma) or q.shape[-1] != p.shape[-1]):
         raise ValueError(f"q must be [batch, gamma, V] = [{b}, {gamma}, {p.shape[-1]}], got {tuple(q.shape)}")
-    if torch.isnan(p).any() or (q is not None and torch.isnan(q).any()):
-        raise ValueError("NaN in p or q")
+    check_distribution("p", p)
+    if q is not None:
+        check_distribution("q", q)
+    return _check_ids("draft_tokens", draft_tokens, p.shape[-1])
+
+
+def _one_hot(draft_tokens: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    b, gamma = draft_tokens.shape
+    q = torch.zeros(b, gamma, vocab, dtype=torch.float64, device=device)
+    q.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
+    return q
+
+
+# ------------------------------------------------------------------------------------------------ samplers
 
 
 def verify_block(
@@ -81,23 +163,23 @@ def verify_block(
 ) -> VerifyResult:
     """Verify a block of ``gamma`` drafted tokens per row with ``rule``.
 
-    draft_tokens [B, gamma] (long); q [B, gamma, V] the distributions the tokens were drawn from, or None for a
-    token-only draft (q is then one-hot on each token, tutorial 3.3); p [B, gamma + 1, V] the target's
-    distributions at the gamma drafted positions and the bonus position. Randomness: gamma float64 uniforms
-    for the accept tests, then one for the final token, all from ``generator``.
+    draft_tokens [B, gamma] (int32 or int64); q [B, gamma, V] the distributions the tokens were drawn from, or
+    None for a token-only draft (q is then one-hot on each token, tutorial 3.3); p [B, gamma + 1, V] the target's
+    distributions at the gamma drafted positions and the bonus position. Token i is accepted with probability
+    h_i(x_i) = rule.acceptance(p_i, q_i)[x_i] (Eq. 1 for lossless SD), and with probability 0 when
+    q_i(x_i) = 0. Randomness: gamma float64 uniforms for the accept tests, then one for the final token, all from
+    ``generator``.
     """
-    _check_block(draft_tokens, q, p)
+    draft_tokens = _check_block(draft_tokens, q, p)
     p = p.to(torch.float64)
     b, gamma = draft_tokens.shape
-    if q is None:
-        q = torch.zeros(b, gamma, p.shape[-1], dtype=torch.float64, device=p.device)
-        q.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
-    else:
-        q = q.to(torch.float64)
+    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else q.to(torch.float64)
     rows = torch.arange(b, device=p.device)
 
     if gamma:
-        h = rule.acceptance(p[:, :gamma], q).gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+        at_draft = draft_tokens.unsqueeze(-1)
+        h = rule.acceptance(p[:, :gamma], q).gather(-1, at_draft).squeeze(-1)
+        h = torch.where(q.gather(-1, at_draft).squeeze(-1) > 0, h, torch.zeros_like(h))  # not drawn from q: reject
         u = torch.rand(b, gamma, dtype=torch.float64, generator=generator, device=p.device)
         accepted = (u < h).long().cumprod(-1)
         n = accepted.sum(-1)
@@ -119,18 +201,25 @@ def verify_block(
         keep = torch.arange(gamma, device=p.device).unsqueeze(0) < n.unsqueeze(-1)
         tokens[:, :gamma] = torch.where(keep, draft_tokens, tokens[:, :gamma])
     tokens[rows, n] = last
-    return VerifyResult(num_accepted=n, tokens=tokens, h=h)
+    return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=h)
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> VerifyResult:
     """Exact greedy verification: accept drafted token i iff it equals the target's argmax at i.
 
     ``target_argmax`` [B, gamma + 1] holds the target's greedy token at each drafted position and the bonus
-    position; the emitted sequence is exactly what the target's own greedy decode would produce.
+    position; the emitted sequence is exactly what the target's own greedy decode would produce. Ids may be
+    int32 or int64.
     """
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [batch, gamma], got shape {tuple(draft_tokens.shape)}")
     b, gamma = draft_tokens.shape
-    if target_argmax.shape != (b, gamma + 1):
+    if tuple(target_argmax.shape) != (b, gamma + 1):
         raise ValueError(f"target_argmax must be [{b}, {gamma + 1}], got {tuple(target_argmax.shape)}")
+    for name, ids in (("draft_tokens", draft_tokens), ("target_argmax", target_argmax)):
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    draft_tokens, target_argmax = draft_tokens.long(), target_argmax.long()
     match = (draft_tokens == target_argmax[:, :gamma]).long()
     n = match.cumprod(-1).sum(-1)
     rows = torch.arange(b, device=draft_tokens.device)
@@ -138,4 +227,30 @@ def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> Ve
     keep = torch.arange(gamma, device=draft_tokens.device).unsqueeze(0) < n.unsqueeze(-1)
     tokens[:, :gamma] = torch.where(keep, draft_tokens, tokens[:, :gamma])
     tokens[rows, n] = target_argmax[rows, n]
-    return VerifyResult(num_accepted=n, tokens=tokens, h=match.to(torch.float64))
+    return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=match.to(torch.float64))
+
+
+def verify_greedy_rule(
+    rule: Rule,
+    draft_tokens: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+) -> VerifyResult:
+    """Deterministic temperature-0 verification of any rule.
+
+    p [B, gamma + 1, V] and q [B, gamma, V] are the models' UNtempered distributions (softmax of the logits,
+    penalties applied, no temperature or truncation warpers), q = None for a token-only draft (one-hot q).
+    Drafted token i is accepted iff it equals argmax ``rule.greedy_reference(p_i, q_i)``; at the first rejection
+    that argmax is emitted; after a fully accepted block the bonus is argmax ``rule.bonus(p)`` (= argmax p for
+    every registered rule). Ties go to the first index. For lossless rules this is :func:`verify_greedy` on
+    argmax p (the target's greedy decode); for CoS-WE it accepts iff the draft is argmax lam p + (1 - lam) q,
+    the weighted-ensemble reading of transformers' ``assistant_ensemble_weight`` (docs/paper_notes.md).
+    """
+    draft_tokens = _check_block(draft_tokens, q, p)
+    p = p.to(torch.float64)
+    gamma = draft_tokens.shape[1]
+    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else q.to(torch.float64)
+    best = rule.bonus(p[:, gamma]).argmax(-1, keepdim=True)
+    if gamma:
+        best = torch.cat([rule.greedy_reference(p[:, :gamma], q).argmax(-1), best], -1)
+    return verify_greedy(draft_tokens, best)

@@ -39,10 +39,7 @@ def induced_distribution(rule: Rule | str, p: object, q: object) -> torch.Tensor
     Generic: it uses only the rule's ``acceptance`` and ``correction``; batched over leading dims.
     """
     rule, p, q = _rule(rule), as_dist(p), as_dist(q)
-    h = rule.acceptance(p, q)
-    r = rule.correction(p, q)
-    reject = (q * (1 - h)).sum(-1, keepdim=True)
-    return q * h + reject * r
+    return rule.induced(p, q)
 
 
 def acceptance_probability(rule: Rule | str, p: object, q: object) -> torch.Tensor:

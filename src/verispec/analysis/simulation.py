@@ -20,7 +20,12 @@ seeded generator:
   (Lemma 1's loss), so a draft that copies p's tail makes truncation a pure loss;
 * for every pair and every parameter (min-p: p_base in 0.1..0.9; eta: epsilon in 0.05..0.25 with delta = epsilon)
   the allowed set A = :func:`~verispec.analysis.allowed_set` (p) is formed and :func:`~verispec.analysis.lemma1`
-  gives the direct difference, the gain and the loss.
+  gives the direct difference, the gain and the loss;
+* ``baseline_delta`` is the change in acceptance of the matched baseline AS RUN (``minp-sampling`` /
+  ``eta-sampling`` with the given ``draft_truncation``, through the rule's own ``draft`` and ``acceptance``)
+  over lossless SD: with ``draft_truncation="none"`` (default, the paper's protocol: the untruncated draft) it
+  equals Lemma 1's direct difference exactly; with ``"same"`` (q truncated too) it does not, and Lemma 1 does
+  not describe that baseline.
 
 ``simulate`` returns one row per (strategy, parameter, triplet) with the mean and standard deviation (ddof = 1)
 over pairs; ``simulate_pairs`` returns the per-pair values. Everything is float64 and exact given the pairs.
@@ -35,6 +40,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..rules import Rule, get
+from .exact import acceptance_probability
 from .truncation import allowed_set, lemma1
 
 __all__ = [
@@ -68,6 +75,7 @@ COLUMNS: list[str] = [
     "partial",
     "unrelated",
     "q_tail",
+    "draft_truncation",
     "n_pairs",
     "gain_mean",
     "gain_std",
@@ -76,6 +84,7 @@ COLUMNS: list[str] = [
     "net_mean",
     "net_std",
     "direct_mean",
+    "baseline_delta_mean",
     "max_abs_gap",
     "kept_mass_mean",
     "allowed_size_mean",
@@ -168,6 +177,15 @@ def draw_pairs(
     return torch.from_numpy(p), torch.from_numpy(q), torch.from_numpy(token_labels)
 
 
+def baseline_rule(strategy: str, param: float, draft_truncation: str = "none") -> Rule:
+    """The matched baseline rule of a truncation strategy ("minp": min-p sampling, "eta": eta-sampling)."""
+    if strategy == "minp":
+        return get("minp-sampling", p_base=param, draft_truncation=draft_truncation)
+    if strategy == "eta":
+        return get("eta-sampling", epsilon=param, draft_truncation=draft_truncation)
+    raise ValueError(f"unknown truncation strategy {strategy!r} (use 'minp' or 'eta')")
+
+
 def simulate_pairs(
     triplets: Sequence[Sequence[float]] = DEFAULT_TRIPLETS,
     *,
@@ -179,9 +197,11 @@ def simulate_pairs(
     seed: int = 0,
     q_tail: float = 0.0,
     alpha: float = 1.0,
+    draft_truncation: str = "none",
 ) -> pd.DataFrame:
-    """One row per (strategy, parameter, triplet, pair): gain, loss, net = gain - loss, direct, kept mass z and
-    |A|. The same pairs (per triplet) are used for every parameter; the seed fixes everything."""
+    """One row per (strategy, parameter, triplet, pair): gain, loss, net = gain - loss, direct, the baseline's
+    own change in acceptance (``baseline_delta``, with ``draft_truncation``), kept mass z and |A|. The same pairs
+    (per triplet) are used for every parameter; the seed fixes everything."""
     seqs = np.random.SeedSequence(seed).spawn(len(triplets))
     frames = []
     for triplet, ss in zip(triplets, seqs, strict=True):
@@ -191,6 +211,8 @@ def simulate_pairs(
             for param in params:
                 allowed = allowed_set(p, strategy, float(param))
                 lem = lemma1(p, q, allowed)
+                base = baseline_rule(strategy, float(param), draft_truncation)
+                measured = acceptance_probability(base, p, base.draft(q)) - acceptance_probability("lossless", p, q)
                 frames.append(
                     pd.DataFrame(
                         {
@@ -201,11 +223,13 @@ def simulate_pairs(
                             "partial": counts[1] / k,
                             "unrelated": counts[2] / k,
                             "q_tail": float(q_tail),
+                            "draft_truncation": draft_truncation,
                             "pair": np.arange(n_pairs),
                             "gain": lem.gain.numpy(),
                             "loss": lem.loss.numpy(),
                             "net": lem.net.numpy(),
                             "direct": lem.direct.numpy(),
+                            "baseline_delta": measured.numpy(),
                             "kept_mass": torch.where(allowed, p, torch.zeros_like(p)).sum(-1).numpy(),
                             "allowed_size": allowed.sum(-1).numpy(),
                         }
@@ -216,7 +240,7 @@ def simulate_pairs(
 
 def summarize(pairs: pd.DataFrame) -> pd.DataFrame:
     """Mean / std (ddof = 1) over pairs of the per-pair frame, one row per (strategy, parameter, triplet)."""
-    keys = ["strategy", "param", "triplet", "match", "partial", "unrelated", "q_tail"]
+    keys = ["strategy", "param", "triplet", "match", "partial", "unrelated", "q_tail", "draft_truncation"]
     gap = (pairs["direct"] - pairs["net"]).abs().rename("gap")
     g = pairs.assign(gap=gap).groupby(keys, sort=False)
     out = g.agg(
@@ -228,6 +252,7 @@ def summarize(pairs: pd.DataFrame) -> pd.DataFrame:
         net_mean=("net", "mean"),
         net_std=("net", "std"),
         direct_mean=("direct", "mean"),
+        baseline_delta_mean=("baseline_delta", "mean"),
         max_abs_gap=("gap", "max"),
         kept_mass_mean=("kept_mass", "mean"),
         allowed_size_mean=("allowed_size", "mean"),
@@ -246,6 +271,7 @@ def simulate(
     seed: int = 0,
     q_tail: float = 0.0,
     alpha: float = 1.0,
+    draft_truncation: str = "none",
 ) -> pd.DataFrame:
     """The Figure-4 table: per strategy, parameter and triplet, Lemma 1's gain, loss and net Delta BE (mean and
     std over ``n_pairs`` pairs), with ``max_abs_gap`` = max |direct - (gain - loss)| as a built-in check."""
@@ -260,6 +286,7 @@ def simulate(
             seed=seed,
             q_tail=q_tail,
             alpha=alpha,
+            draft_truncation=draft_truncation,
         )
     )
 

@@ -1,11 +1,13 @@
 """Exact analysis of tree verification (Appendix H of the lossy-verification paper): the per-position
 emitted distribution given the ordered candidate set (Lemma 3), a_lossless(C) vs a_lossy(C) (Corollary 1),
-the block efficiency of Proposition 2, and KL_EAGLE of Lemma 2. Float64, no sampling; the procedures mirror
-:func:`verispec.tree.select_child` step by step, and closed forms are given next to them for the tests.
+the block efficiency of Proposition 2, and KL_EAGLE of Lemma 2. Float64, no sampling; a position is computed
+from the very step object the sampler uses (:class:`verispec.tree.PositionWalk`), and closed forms are given
+next to them for the tests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..rules import Rule, TruncationRule, get, matched_baseline
-from ..tree import TokenTree, TypicalMode, candidate_q, check_tree_rule, tree_acceptance
+from ..tree import PositionWalk, TokenTree, TypicalMode, _with_typical, check_tree_rule, tree_acceptance
 from .exact import as_dist, kl
 from .truncation import kl_eagle
 
@@ -57,42 +59,22 @@ def position_law(
     p: object,
     candidates: Sequence[int],
     q: object | None = None,
-    typical: TypicalMode = "indicator",
+    typical: TypicalMode | None = None,
 ) -> PositionLaw:
-    """Lemma 3: the exact law of one position given the ordered candidates (and q for a sampled set).
-
-    Lossless rules: Pr[reach x(i)] = prod_{k<i} (1 - h_k), h_i = min(1, p~_i(x_i)/q_i(x_i)), p~ updated by
-    the residual; bonus p~_{D+1}. Truncation-based rules: h from p_Theta, bonus p_Theta.
-    """
-    rule, p = _rule(rule), as_dist(p)
-    pt = rule.target(p)
-    emitted = torch.zeros_like(pt)
+    """Lemma 3: the exact law of one position given the ordered candidates (and q for a sampled set), from the
+    walk's own step (:class:`verispec.tree.PositionWalk`): Pr[reach x(i)] = prod_{k<i} (1 - h_k),
+    Pr[accept x(i)] = Pr[reach x(i)] h_i, and the all-reject mass goes to the walk's bonus distribution.
+    ``typical`` is the deprecated form of typical's ``acceptance`` parameter."""
+    rule, p = _with_typical(_rule(rule), typical), as_dist(p)
+    walk = PositionWalk(rule, p, candidates, None if q is None else as_dist(q))
+    emitted = torch.zeros_like(walk.bonus)
     accept = torch.zeros(len(candidates), dtype=torch.float64)
     reach = 1.0
-    if rule.lossless:
-        cur = pt
-        qs = candidate_q(as_dist(q), candidates) if q is not None else [None] * len(candidates)
-        for i, (x, qi) in enumerate(zip(candidates, qs, strict=True)):
-            h = min(1.0, float(cur[x])) if qi is None else min(1.0, float(cur[x] / qi[x]))
-            accept[i] = reach * h
-            emitted[x] += reach * h
-            reach *= 1.0 - h
-            if qi is None:
-                res = cur.clone()
-                res[x] = 0.0
-            else:
-                res = torch.clamp(cur - qi, min=0.0)
-            if res.sum() > 0:
-                cur = res / res.sum()
-        bonus = cur
-    else:
-        h = tree_acceptance(rule, pt, typical)  # type: ignore[arg-type]
-        for i, x in enumerate(candidates):
-            accept[i] = reach * float(h[x])
-            emitted[x] += reach * float(h[x])
-            reach *= 1.0 - float(h[x])
-        bonus = pt
-    return PositionLaw(emitted=emitted + reach * bonus, accept=accept, bonus=bonus)
+    for i, h in enumerate(walk):
+        accept[i] = reach * h
+        emitted[walk.candidates[i]] += reach * h
+        reach *= 1.0 - h
+    return PositionLaw(emitted=emitted + reach * walk.bonus, accept=accept, bonus=walk.bonus)
 
 
 def position_law_sampled(rule: Rule | str, p: object, q: object, k: int) -> torch.Tensor:
@@ -118,13 +100,13 @@ def a_lossless(p: object, candidates: Sequence[int], rule: Rule | str = "lossles
     return float(pt[list(candidates)].sum()) if candidates else 0.0
 
 
-def a_lossy(rule: Rule | str, p: object, candidates: Sequence[int], typical: TypicalMode = "indicator") -> float:
+def a_lossy(rule: Rule | str, p: object, candidates: Sequence[int], typical: TypicalMode | None = None) -> float:
     """Lemma 3(ii), Eq. 30: a_lossy(C) = 1 - prod_i (1 - h(x_i)); for the indicator h (SpecCascade; typical
-    as an indicator) this is 1[C meets A_Theta]."""
-    rule, p = _rule(rule), as_dist(p)
+    as an indicator) this is 1[C meets A_Theta]. Closed form, computed from h directly (not from the walk)."""
+    rule, p = _with_typical(_rule(rule), typical), as_dist(p)
     if not isinstance(rule, TruncationRule):
         raise ValueError(f"{rule.name!r} is not a truncation-based rule")
-    h = tree_acceptance(rule, rule.target(p), typical)
+    h = tree_acceptance(rule, rule.target(p))
     rej = 1.0
     for x in candidates:
         rej *= 1.0 - float(h[x])
@@ -142,18 +124,18 @@ def expected_accepted_length(
     rule: Rule | str,
     tree: TokenTree,
     dist_fn: Callable[[int], torch.Tensor],
-    typical: TypicalMode = "indicator",
+    typical: TypicalMode | None = None,
 ) -> tuple[float, list[float]]:
     """Exact E[L] of the walk over ``tree`` (``dist_fn(node)`` = target p after node, -1 the root), and the
     factors Pr[L >= d | L >= d - 1] of Proposition 2, from the per-position laws of Lemma 3."""
-    rule = _rule(rule)
+    rule = _with_typical(_rule(rule), typical)
     reach_depth: list[float] = []  # Pr[L >= d], d = 1..
 
     def walk(node: int, prob: float, d: int) -> None:
         kids = tree.children(node)
         if not kids or prob == 0.0:
             return
-        law = position_law(rule, dist_fn(node), [tree.tokens[k] for k in kids], tree.child_q.get(node), typical)
+        law = position_law(rule, dist_fn(node), [tree.tokens[k] for k in kids], tree.child_q.get(node))
         for kid, a in zip(kids, law.accept.tolist(), strict=True):
             if a > 0:
                 while len(reach_depth) <= d:
@@ -168,22 +150,25 @@ def expected_accepted_length(
     return float(sum(reach_depth)), factors
 
 
-def kl_eagle_tree(rule: Rule | str, p: object, candidates: Sequence[int], typical: TypicalMode = "indicator") -> float:
+def kl_eagle_tree(rule: Rule | str, p: object, candidates: Sequence[int], typical: TypicalMode | None = None) -> float:
     """KL(emitted law of the position || p_Theta), exactly, from Lemma 3 (p_Theta of the matched baseline,
     i.e. of the rule's own truncation). Zero for lossless rules; Lemma 2's KL_EAGLE for truncation rules."""
-    rule, p = _rule(rule), as_dist(p)
+    rule, p = _with_typical(_rule(rule), typical), as_dist(p)
     pt = matched_baseline(rule).target(p) if isinstance(rule, TruncationRule) else rule.target(p)
-    return float(kl(position_law(rule, p, candidates, typical=typical).emitted, pt))
+    return float(kl(position_law(rule, p, candidates).emitted, pt))
 
 
 def kl_eagle_closed_form(rule: Rule | str, p: object, candidates: Sequence[int]) -> float:
     """Lemma 2: KL_EAGLE = log(Z_Theta(p) / p(x)) with x the first candidate accepted surely (h(x) = 1,
     indicator form); +inf when no candidate is accepted surely (the formula does not apply). For SpecCascade
-    this is :func:`verispec.analysis.kl_eagle` with A_Theta = A_min-p(p)."""
+    this is :func:`verispec.analysis.kl_eagle` with A_Theta = A_min-p(p). Lemma 2 is stated for the indicator,
+    so typical is read with ``acceptance="indicator"`` here whatever the rule's own setting."""
     rule, p = _rule(rule), as_dist(p)
     if not isinstance(rule, TruncationRule):
         raise ValueError(f"{rule.name!r} is not a truncation-based rule")
-    h = tree_acceptance(rule, rule.target(p), "indicator")
+    if "acceptance_form" in rule.param_names:
+        rule = dataclasses.replace(rule, acceptance_form="indicator")  # type: ignore[type-var]
+    h = tree_acceptance(rule, rule.target(p))
     sure = [x for x in candidates if float(h[x]) == 1.0]
     if not sure:
         return float("inf")

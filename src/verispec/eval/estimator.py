@@ -62,6 +62,7 @@ import torch
 from ..analysis import induced_distribution, kl, tv
 from ..processors import SamplingConfig, history_counts, process
 from ..rules import Rule, get, matched_baseline
+from .metrics import record_emitted_accepted
 
 __all__ = [
     "DistLog",
@@ -213,18 +214,22 @@ def log_distributions(
 
 
 def position_stats(traj: Trajectory, rule: Rule | str) -> dict[str, torch.Tensor]:
-    """Per position t: alpha (expected acceptance of a token drafted from the rule's q), KL and TV of the
+    """Per position t: alpha (expected acceptance of a token drafted from the rule's q: sum_x q h, the rule's
+    draft transform applied to q exactly as the engine applies it, e.g. none for a baseline with
+    draft_truncation="none"), the tutorial's expected acceptance A = sum_x min(p, q) of the logged p and q
+    (``expected_acceptance``: lossless SD's per-position acceptance, the same for every rule), KL and TV of the
     rule's induced distribution to its matched baseline's distribution, and the tail masses."""
     rule = get(rule) if isinstance(rule, str) else rule
     p = traj.p.to(torch.float64)
-    q = rule.draft(traj.q.to(torch.float64))
+    q_logged = traj.q.to(torch.float64)
+    q = rule.draft(q_logged)
     q = torch.nan_to_num(q)  # a draft transform leaving no mass cannot happen for stored rows; be safe
     h = rule.acceptance(p, q)
     alpha = (q * h).sum(-1).clamp(0, 1)
     induced = induced_distribution(rule, p, q)
     base = matched_baseline(rule).target(p)
-    return {"alpha": alpha, "kl": kl(induced, base), "tv": tv(induced, base),
-            "p_other": traj.p[:, -1], "q_other": traj.q[:, -1]}
+    return {"alpha": alpha, "expected_acceptance": torch.minimum(p, q_logged).sum(-1).clamp(0, 1),
+            "kl": kl(induced, base), "tv": tv(induced, base), "p_other": traj.p[:, -1], "q_other": traj.q[:, -1]}
 
 
 def be_iid(alpha: float, gamma: int) -> float:
@@ -276,7 +281,9 @@ def round_check(alpha: torch.Tensor, per_round: Sequence[Sequence[int]]) -> tupl
 
 
 def estimate(log: DistLog, rules_: Iterable[Rule | str], gamma: int, keys: Iterable[str] | None = None) -> list[dict]:
-    """One dict per rule: mean alpha, BE_traj, BE_iid, mean KL / TV to the matched baseline, tail masses.
+    """One dict per rule: mean alpha (the rule's expected acceptance of a drafted token), the tutorial's mean
+    per-position expected acceptance A = sum_x min(p, q) (``expected_acceptance``), BE_traj, BE_iid, mean KL /
+    TV to the matched baseline, tail masses.
 
     Averages are over all positions of the selected trajectories (``keys``; all by default).
     """
@@ -285,11 +292,12 @@ def estimate(log: DistLog, rules_: Iterable[Rule | str], gamma: int, keys: Itera
     rows = []
     for rule in rules_:
         r = get(rule) if isinstance(rule, str) else rule
-        alphas, kls, tvs, tails_p, tails_q = [], [], [], [], []
+        alphas, accs, kls, tvs, tails_p, tails_q = [], [], [], [], [], []
         e_acc = e_rounds = 0.0
         for t in trajs:
             s = position_stats(t, r)
             alphas.append(s["alpha"])
+            accs.append(s["expected_acceptance"])
             kls.append(s["kl"])
             tvs.append(s["tv"])
             tails_p.append(s["p_other"])
@@ -304,6 +312,7 @@ def estimate(log: DistLog, rules_: Iterable[Rule | str], gamma: int, keys: Itera
         rows.append({
             "rule": r.describe(),
             "alpha": float(alpha.mean()),
+            "expected_acceptance": float(torch.cat(accs).mean()),
             "be_traj": e_acc / e_rounds if e_rounds else math.nan,
             "be_iid": be_iid(float(alpha.mean()), gamma),
             "kl": float(klv[torch.isfinite(klv)].mean()) if torch.isfinite(klv).any() else math.inf,
@@ -391,7 +400,7 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
     check_rows = []
     for label in dict.fromkeys(r["label"] for r in recs):
         mine = [r for r in recs if r["label"] == label and r["key"] in by_key]
-        rule = settings[label].build() if label in settings else None
+        rule = cfg.build(settings[label]) if label in settings else None
         if rule is None or not mine:
             continue
         e = v = 0.0
@@ -407,7 +416,7 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
             "setting": label, "units": len(mine), "trials": n, "accepted": o, "expected": e,
             "z": (o - e) / math.sqrt(v) if v > 0 else math.nan,
             "measured_rate": o / n if n else math.nan, "expected_rate": e / n if n else math.nan,
-            "measured_be": sum(r["accepted"] for r in mine) / max(sum(r["rounds"] for r in mine), 1),
+            "measured_be": sum(record_emitted_accepted(r) for r in mine) / max(sum(r["rounds"] for r in mine), 1),
             "be_traj_own": pacc / prounds if prounds else math.nan,
         })
     checks = pd.DataFrame(check_rows)
@@ -417,9 +426,10 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
     pred_rows = []
     if ref_keys:
         for label, m in settings.items():
-            est = estimate(dist, [m.build()], cfg.gamma, keys=ref_keys)[0]
+            est = estimate(dist, [cfg.build(m)], cfg.gamma, keys=ref_keys)[0]
             mine = [r for r in recs if r["label"] == label]
-            measured = (sum(r["accepted"] for r in mine) / max(sum(r["rounds"] for r in mine), 1)) if mine else math.nan
+            measured = (sum(record_emitted_accepted(r) for r in mine) / max(sum(r["rounds"] for r in mine), 1)
+                        if mine else math.nan)
             pred_rows.append({"setting": label, **{k: v for k, v in est.items() if k != "rule"},
                               "measured_be": measured, "measured_units": len(mine)})
     preds = pd.DataFrame(pred_rows)
@@ -441,14 +451,17 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
                          f"{r['expected_rate']:.3f} | {r['z']:+.2f} | {r['measured_be']:.2f} | "
                          f"{r['be_traj_own']:.2f} |")
     lines += ["", "Predictions for every setting from the lossless outputs only (no decoding with the rule): "
-              "alpha = mean expected acceptance per position, BE_traj (per-position alphas along the "
-              "trajectories), BE_iid (sum_i alpha^i), KL / TV of the induced distribution to the matched "
-              "baseline (per token, mean), next to the measured BE.", ""]
+              "alpha = the rule's mean expected acceptance of a drafted token per position, A = the tutorial's "
+              "mean per-position acceptance sum_x min(p, q) of target and draft (lossless SD's), BE_traj "
+              "(per-position alphas along the trajectories), BE_iid (sum_i alpha^i), KL / TV of the induced "
+              "distribution to the matched baseline (per token, mean), next to the measured BE (emitted accepted "
+              "drafts per round).", ""]
     if not preds.empty:
-        lines.append("| setting | alpha | BE_traj | BE_iid | measured BE | KL | TV | mean Q_other |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| setting | alpha | A | BE_traj | BE_iid | measured BE | KL | TV | mean Q_other |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for _, r in preds.iterrows():
-            lines.append(f"| {r['setting']} | {r['alpha']:.3f} | {r['be_traj']:.2f} | {r['be_iid']:.2f} | "
+            lines.append(f"| {r['setting']} | {r['alpha']:.3f} | {r['expected_acceptance']:.3f} | "
+                         f"{r['be_traj']:.2f} | {r['be_iid']:.2f} | "
                          f"{r['measured_be']:.2f} | {r['kl']:.4f} | {r['tv']:.4f} | {r['q_other_mean']:.1e} |")
     else:
         lines.append("(no lossless outputs in this run to use as reference trajectories)")

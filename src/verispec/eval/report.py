@@ -1,8 +1,11 @@
 """Reports of a run directory: Markdown + CSV + PNG in ``RUN_DIR/report/``.
 
 * ``table_settings`` (paper Table 4): per task x method x parameter, BE, DS and accuracy as mean +- std over
-  seeds. Per (task, setting, seed): BE = sum accepted / sum rounds over the problems (pooled: the BE of the
-  whole run), DS = sum new tokens / sum wall seconds, accuracy = % of problems passed. The std is the sample
+  seeds. Per (task, setting, seed): BE = sum emitted accepted drafts / sum rounds over the problems (pooled: the
+  BE of the whole run; drafts accepted after the cut at EOS / stop / max_new_tokens are not counted, recomputed
+  from ``per_round`` for result files that predate ``emitted_accepted``, see :mod:`verispec.eval.metrics`),
+  DS = sum new tokens / sum wall seconds, accuracy = % of problems passed; ``accepted_fraction`` = accepted /
+  drafted (``acceptance_rate`` in older files) is carried in the per-seed CSV. The std is the sample
   std (ddof 1) over seeds, blank with one seed.
 * ``table_methods`` (Table 2): the same, averaged over each method's parameter settings.
 * ``table_delta`` (Table 7): Delta BE and Delta accuracy (percentage points) of each lossy setting minus its
@@ -27,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .metrics import record_accepted_fraction, record_emitted_accepted
 from .runner import read_results
 
 __all__ = ["first_difference", "load_frame", "paired_delta", "per_seed", "per_setting", "write_report"]
@@ -40,7 +44,8 @@ CONTEXT = 80
 
 
 def load_frame(run_dir: str | Path) -> pd.DataFrame:
-    """One row per result line (first occurrence of each key)."""
+    """One row per result line (first occurrence of each key). ``accepted`` is the EMITTED accepted drafts (what
+    BE counts), ``accepted_all`` every accepted draft as the engine counted it, ``be`` = accepted / rounds."""
     recs = read_results(run_dir)
     rows = []
     for r in recs:
@@ -48,13 +53,15 @@ def load_frame(run_dir: str | Path) -> pd.DataFrame:
             "key": r["key"], "task": r["task"], "problem_id": r["problem_id"], "method": r["method"],
             "label": r["label"], "baseline": r["baseline"], "lossless": bool(r["lossless"]), "seed": r["seed"],
             "params": json.dumps(r["params"], sort_keys=True), "passed": bool(r["grade"]["passed"]),
-            "score": float(r["grade"]["score"]), "accepted": r["accepted"], "rounds": r["rounds"],
-            "drafted": r["drafted"], "new_tokens": r["new_tokens"], "total_s": r["timings"]["total_s"],
-            "be": r["be"], "finish_reason": r["finish_reason"], "text": r["text"], "token_ids": r["token_ids"],
+            "score": float(r["grade"]["score"]), "accepted": record_emitted_accepted(r),
+            "accepted_all": r["accepted"], "rounds": r["rounds"], "drafted": r["drafted"],
+            "accepted_fraction": record_accepted_fraction(r), "new_tokens": r["new_tokens"],
+            "total_s": r["timings"]["total_s"], "be": record_emitted_accepted(r) / r["rounds"] if r["rounds"] else 0.0,
+            "finish_reason": r["finish_reason"], "text": r["text"], "token_ids": r["token_ids"],
         })
     cols = ["key", "task", "problem_id", "method", "label", "baseline", "lossless", "seed", "params", "passed",
-            "score", "accepted", "rounds", "drafted", "new_tokens", "total_s", "be", "finish_reason", "text",
-            "token_ids"]
+            "score", "accepted", "accepted_all", "rounds", "drafted", "accepted_fraction", "new_tokens", "total_s",
+            "be", "finish_reason", "text", "token_ids"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -75,9 +82,11 @@ def _setting_order(df: pd.DataFrame, run_dir: Path | None) -> list[str]:
 def per_seed(df: pd.DataFrame) -> pd.DataFrame:
     """BE (pooled), DS (pooled) and accuracy per (task, setting, seed)."""
     g = df.groupby(["task", "method", "label", "params", "seed"], sort=False)
-    out = g.agg(accepted=("accepted", "sum"), rounds=("rounds", "sum"), new_tokens=("new_tokens", "sum"),
-                total_s=("total_s", "sum"), passed=("passed", "sum"), n=("passed", "size")).reset_index()
+    out = g.agg(accepted=("accepted", "sum"), accepted_all=("accepted_all", "sum"), rounds=("rounds", "sum"),
+                drafted=("drafted", "sum"), new_tokens=("new_tokens", "sum"), total_s=("total_s", "sum"),
+                passed=("passed", "sum"), n=("passed", "size")).reset_index()
     out["be"] = out["accepted"] / out["rounds"].where(out["rounds"] > 0)
+    out["accepted_fraction"] = out["accepted_all"] / out["drafted"].where(out["drafted"] > 0)
     out["ds"] = out["new_tokens"] / out["total_s"].where(out["total_s"] > 0)
     out["acc"] = 100.0 * out["passed"] / out["n"]
     return out
@@ -493,7 +502,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     settings = {k: cfg.get(k) for k in ("temperature", "sampling", "gamma", "max_new_tokens", "target", "draft",
-                                        "drafter", "dtype")}
+                                        "drafter", "dtype", "baseline_draft_truncation")}
     rule_order = list(dict.fromkeys(df.set_index("label").loc[order]["method"]))
     n_err = 0
     if (run_dir / "errors.jsonl").exists():
@@ -514,8 +523,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
         f"Tasks: {', '.join(f'{t} ({df[df.task == t].problem_id.nunique()} problems)' for t in tasks)}; "
         f"seeds: {sorted(df.seed.unique().tolist())}.",
         "",
-        "BE = accepted drafted tokens per target forward pass (bonus excluded), pooled over the problems of a "
-        "(task, setting, seed): sum accepted / sum rounds. DS = generated tokens per second of wall time (sum "
+        "BE = accepted drafted tokens that were emitted per target forward pass (bonus excluded; drafts accepted "
+        "after EOS, a stop string or max_new_tokens are not counted), pooled over the problems of a "
+        "(task, setting, seed): sum emitted accepted / sum rounds. DS = generated tokens per second of wall time (sum "
         "tokens / sum seconds, grading excluded). Acc = % of problems passed (pass@1 for code). Mean ± sample "
         "std over seeds (no ± with one seed).",
         "",

@@ -37,6 +37,18 @@ baseline (:func:`verispec.rules.matched_baseline`: spec-cascade -> minp-sampling
 typical -> eta-sampling with the same epsilon/delta, every other lossy rule -> lossless), added to the grid
 when absent.
 
+``baseline_draft_truncation = "none" | "same"`` (top level, default "none") is the ``draft_truncation`` of the
+truncation baselines (minp-sampling, eta-sampling) of the sweep, paired or listed, unless a method sets it in
+its own params: "none" leaves the draft untouched (the paper's protocol, App. C; Lemma 1), "same" truncates
+it too. It is stored in every result line (``settings``); result files written before the option existed lack
+it and were run with "same", which :meth:`SweepConfig.from_json` and :func:`record_rule` restore.
+
+Paper presets (``params = "paper"``) follow Tables 1, 4, 5 and 6, with one mapping: Table 4's CoS rows degrade
+as their parameter grows, so there the parameter weights the DRAFT, while Eq. 2 (kept by ``cos-we``) weights p
+by lam. The ``cos-we`` preset therefore lists lam = 1 - t for Table 4's t = 0.2, 0.4, 0.6, 0.8, in that order
+(``PAPER_PARAM_MAPS``; docs/paper_notes.md). Table 1's lam (adaptive-interpolation, overshoot-ceiling) already
+has Eq. 2's direction and is used as printed.
+
 A :class:`WorkUnit` carries everything that determines its result (generation settings, rule, parameters,
 task, problem id, seed), so units can run in any order, on any machine. The generation seed of a unit is a
 hash of (seed, task, problem id) and does NOT depend on the method: all methods of one (problem, seed) draw
@@ -62,6 +74,7 @@ from ..config import DRAFTERS as _DRAFTER_SPECS
 from ..processors import SamplingConfig
 
 __all__ = [
+    "PAPER_PARAM_MAPS",
     "PRESETS",
     "MethodSetting",
     "SweepConfig",
@@ -72,6 +85,7 @@ __all__ = [
     "generation_seed",
     "load_config",
     "parse_config",
+    "record_rule",
     "setting",
 ]
 
@@ -80,6 +94,9 @@ __all__ = [
 _P_BASE = [0.1, 0.3, 0.5, 0.7, 0.9]
 _EPSILON = [0.05, 0.1, 0.15, 0.2, 0.25]
 _LAMBDA = [0.2, 0.4, 0.6, 0.8]
+#: how a paper table's printed parameter maps to verispec's: rule -> (parameter, table, mapping). Table 4's CoS
+#: parameter t weights the draft (its rows degrade as t grows); Eq. 2's lam weights p, so lam = 1 - t.
+PAPER_PARAM_MAPS: dict[str, tuple[str, str, str]] = {"cos-we": ("lam", "Table 4", "lam = 1 - t")}
 PRESETS: dict[str, dict[str, list[float]]] = {
     "lossless": {},
     "minp-sampling": {"p_base": _P_BASE},
@@ -87,19 +104,22 @@ PRESETS: dict[str, dict[str, list[float]]] = {
     "eta-sampling": {"epsilon": _EPSILON},
     "typical": {"epsilon": _EPSILON},
     "lenience": {"l": _LAMBDA},
-    "cos-we": {"lam": _LAMBDA},
+    "cos-we": {"lam": [0.8, 0.6, 0.4, 0.2]},  # Table 4's t = 0.2, 0.4, 0.6, 0.8 as lam = 1 - t (PAPER_PARAM_MAPS)
     "cos-cd": {"lam": _LAMBDA},
     "overshoot-ceiling": {"lam": _LAMBDA},
     "adaptive-interpolation": {"lam": _LAMBDA},
+    "ceiling": {"l": _LAMBDA},
     "minp-cap": {"p_base": [0.5], "l": _LAMBDA},
 }
+#: draft_truncation of result files written before the option existed (q was always truncated then)
+LEGACY_DRAFT_TRUNCATION = "same"
 PAPER_SEEDS = [0, 1, 2]
 # drafters a sweep may use (verispec.config.DRAFTERS); "tree": default tree of depth gamma, per_round (depth, accepted)
 DRAFTERS = tuple(_DRAFTER_SPECS)
 DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if spec.uses_draft_model)
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
-             "tasks", "methods"}
+             "tasks", "methods", "baseline_draft_truncation"}
 _MODEL_KEYS = {"target", "draft", "drafter", "dtype", "threads"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens"}
 _METHOD_KEYS = {"rule", "params"}
@@ -188,14 +208,24 @@ def _grid(rule: str, params: object) -> list[MethodSetting]:
     return [setting(rule, **dict(zip(names, combo, strict=True))) for combo in itertools.product(*axes)]
 
 
-def expand_methods(methods: Iterable[tuple[str, object]], pair_baselines: bool = True) -> list[MethodSetting]:
+def _with_draft_truncation(s: MethodSetting, draft_truncation: str) -> MethodSetting:
+    """``s`` with the sweep's baseline draft_truncation, unless the rule lacks the parameter or sets it."""
+    if "draft_truncation" not in rules.REGISTRY[s.rule].param_names or "draft_truncation" in s.param_dict():
+        return s
+    return setting(s.rule, **s.param_dict(), draft_truncation=draft_truncation)
+
+
+def expand_methods(methods: Iterable[tuple[str, object]], pair_baselines: bool = True,
+                   draft_truncation: str = "none") -> list[MethodSetting]:
     """Settings of ``(rule, params)`` entries in order, duplicates removed; with ``pair_baselines`` each lossy
-    setting's matched baseline is appended (before the first lossy setting needing it) when absent."""
+    setting's matched baseline is appended (before the first lossy setting needing it) when absent. Truncation
+    baselines get ``draft_truncation`` unless their params set it."""
     out: list[MethodSetting] = []
     for rule, params in methods:
         for s in _grid(rule, params):
+            s = _with_draft_truncation(s, draft_truncation)
             if pair_baselines and not s.lossless:
-                base = s.baseline()
+                base = _with_draft_truncation(s.baseline(), draft_truncation)
                 if base not in out:
                     out.append(base)
             if s not in out:
@@ -232,6 +262,7 @@ class SweepConfig:
     dtype: str = "bfloat16"
     threads: int | None = None
     pair_baselines: bool = True
+    baseline_draft_truncation: str = "none"
     raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
 
     @property
@@ -259,7 +290,21 @@ class SweepConfig:
             "draft": self.draft if self.uses_draft else None,
             "drafter": self.drafter,
             "dtype": self.dtype,
+            "baseline_draft_truncation": self.baseline_draft_truncation,
         }
+
+    def baseline_of(self, method: MethodSetting) -> MethodSetting:
+        """The matched baseline setting of ``method`` in this sweep (with its baseline draft_truncation)."""
+        return _with_draft_truncation(method.baseline(), self.baseline_draft_truncation)
+
+    def build(self, method: MethodSetting) -> rules.Rule:
+        """The rule a setting of this sweep ran with: ``method.build()``, with the sweep's baseline
+        draft_truncation where the setting does not name one (matters for configs read by :meth:`from_json`
+        from runs made before the option existed, which ran with "same")."""
+        rule = method.build()
+        if "draft_truncation" in rule.param_names and "draft_truncation" not in method.param_dict():
+            rule = rules.get(rule.name, **{**rule.params, "draft_truncation": self.baseline_draft_truncation})
+        return rule
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -290,6 +335,7 @@ class SweepConfig:
             dtype=d["dtype"],
             threads=d.get("threads"),
             pair_baselines=d.get("pair_baselines", True),
+            baseline_draft_truncation=d.get("baseline_draft_truncation", LEGACY_DRAFT_TRUNCATION),
         )
 
     def restricted(self, limit: int | None = None, tasks: Sequence[str] | None = None,
@@ -359,7 +405,10 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     if not raw:
         raise ValueError("the config has no [[methods]]")
     pair = bool(data.get("pair_baselines", True))
-    methods = tuple(expand_methods(raw, pair))
+    draft_truncation = data.get("baseline_draft_truncation", "none")
+    if draft_truncation not in ("none", "same"):
+        raise ValueError(f"baseline_draft_truncation must be 'none' or 'same', got {draft_truncation!r}")
+    methods = tuple(expand_methods(raw, pair, draft_truncation))
     seeds = data.get("seeds", PAPER_SEEDS)
     seeds = tuple(_int("seed", s, 0) for s in ([seeds] if isinstance(seeds, int) else seeds))
     if not seeds or len(set(seeds)) != len(seeds):
@@ -390,6 +439,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         dtype=dtype,
         threads=None if threads is None else _int("threads", threads, 1),
         pair_baselines=pair,
+        baseline_draft_truncation=draft_truncation,
         raw_methods=tuple(raw),
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table
@@ -399,6 +449,17 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         for m in methods:
             check_tree_rule(m.build())
     return cfg
+
+
+def record_rule(record: Mapping[str, Any]) -> rules.Rule:
+    """The rule a result line ran with, from its ``method``, ``params`` and ``settings``: a truncation baseline
+    without ``draft_truncation`` in its params used the sweep's ``baseline_draft_truncation``, or "same" in
+    result files written before that option existed."""
+    rule = rules.get(record["method"], **record.get("params", {}))
+    if "draft_truncation" in rule.param_names and "draft_truncation" not in record.get("params", {}):
+        used = record.get("settings", {}).get("baseline_draft_truncation", LEGACY_DRAFT_TRUNCATION)
+        rule = rules.get(rule.name, **{**rule.params, "draft_truncation": used})
+    return rule
 
 
 def load_config(path: str | Path) -> SweepConfig:

@@ -2,15 +2,17 @@
 
 Parameter names follow the papers: ``l`` (lenience), ``lam`` (lambda; ``lambda`` is accepted too),
 ``p_base`` (min-p), ``epsilon`` and ``delta`` (eta), and ``correction`` ("draft" or "target") for the
-truncation-based rules.
+truncation-based rules. Choices the papers leave open are parameters too: ``realization`` ("normalized" or
+"residual") for the rules whose reference P is not a distribution, ``draft_truncation`` ("none" or "same") for
+the matched baselines, ``acceptance`` ("indicator" or "ratio", Eq. 28) for typical acceptance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .base import ReferenceRule, Rule
-from .collaborative import AdaptiveInterpolation, CosCD, CosWE, Lenience, MinPCap, OvershootCeiling
+from .base import ReferenceRule, Rule, UnnormalizedReferenceRule
+from .collaborative import AdaptiveInterpolation, Ceiling, CosCD, CosWE, Lenience, MinPCap, OvershootCeiling
 from .lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
 from .truncation import SpecCascade, TruncationRule, Typical
 
@@ -19,6 +21,7 @@ __all__ = [
     "ReferenceRule",
     "Rule",
     "TruncationRule",
+    "UnnormalizedReferenceRule",
     "get",
     "matched_baseline",
     "names",
@@ -38,13 +41,14 @@ REGISTRY: dict[str, type[Rule]] = {
         CosCD,
         OvershootCeiling,
         AdaptiveInterpolation,
+        Ceiling,
         MinPCap,
         SpecCascade,
         Typical,
     )
 }
 
-_ALIASES = {"lambda": "lam", "correction": "correction_source", "eps": "epsilon"}
+_ALIASES = {"lambda": "lam", "correction": "correction_source", "eps": "epsilon", "acceptance": "acceptance_form"}
 
 
 def names() -> list[str]:
@@ -88,16 +92,17 @@ def parse_params(items: Iterable[str]) -> dict[str, object]:
     return out
 
 
-def matched_baseline(rule: Rule) -> Rule:
+def matched_baseline(rule: Rule, draft_truncation: str = "none") -> Rule:
     """The distribution-matched baseline of section 5: the lossless rule on the same truncated target.
 
     SpecCascade -> min-p sampling (same p_base); typical -> eta-sampling (same epsilon, delta); every other
-    rule -> plain lossless SD.
+    rule -> plain lossless SD. ``draft_truncation`` ("none": q untouched, the paper's protocol; "same": q
+    truncated too) is passed to the truncation baselines; a rule that is already a baseline is returned as is.
     """
     if isinstance(rule, SpecCascade):
-        return MinPSampling(p_base=rule.p_base)
+        return MinPSampling(p_base=rule.p_base, draft_truncation=draft_truncation)
     if isinstance(rule, Typical):
-        return EtaSampling(epsilon=rule.epsilon, delta=rule.delta)
+        return EtaSampling(epsilon=rule.epsilon, delta=rule.delta, draft_truncation=draft_truncation)
     if isinstance(rule, MinPSampling | EtaSampling):
         return rule
     return Lossless()

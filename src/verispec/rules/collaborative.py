@@ -9,11 +9,12 @@ from typing import ClassVar
 import torch
 
 from ..processors import minp_mask
-from .base import ReferenceRule, Rule, positive_residual, ratio_acceptance
+from .base import ReferenceRule, Rule, UnnormalizedReferenceRule, positive_residual, ratio_acceptance
 from .validate import _finite, check_l, check_lam, check_p_base
 
 __all__ = [
     "AdaptiveInterpolation",
+    "Ceiling",
     "CosCD",
     "CosWE",
     "Lenience",
@@ -69,6 +70,10 @@ class CosWE(ReferenceRule):
     def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         return self.lam * p + (1 - self.lam) * q
 
+    def greedy_reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Eq. 2 itself, lam p + (1 - lam) q (the weighted ensemble whose argmax greedy verification emits)."""
+        return self.reference(p, q)
+
 
 @dataclass(frozen=True)
 class CosCD(ReferenceRule):
@@ -95,22 +100,30 @@ class CosCD(ReferenceRule):
         w = p * torch.clamp(q, min=self.q_floor).pow(-self.lam)
         return w / w.sum(-1, keepdim=True)
 
+    def greedy_reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Eq. 3 itself (normalized), whose argmax greedy verification emits."""
+        return self.reference(p, q)
+
 
 @dataclass(frozen=True)
-class OvershootCeiling(ReferenceRule):
-    """Ablation of section 4 ("overshoot ceiling"): P = lam p + (1 - lam) q where q <= p/lam, else p/lam.
+class OvershootCeiling(UnnormalizedReferenceRule):
+    """Ablation of section 4 ("overshoot ceiling", Table 1): P = lam p + (1 - lam) q where q <= p/lam, else p/lam.
 
-    P is not normalized in general, so the rule is h = min(1, P/q), r = norm([P - q]+); the analysis reports
-    what it really induces.
+    P is not normalized in general; ``realization`` says how it is run (see
+    :class:`~verispec.rules.base.UnnormalizedReferenceRule`): "normalized" (default) induces P / sum(P) exactly;
+    "residual" (h = min(1, P/q), r = norm([P - q]+)) induces q + (R / TV)(p - q) on q <= p, an adaptive
+    coefficient again, not the lam p + (1 - lam) q Section 4 writes. Table 6's ceiling (row 4) is the
+    ``ceiling`` rule.
     """
 
     lam: float = 0.5
     name: ClassVar[str] = "overshoot-ceiling"
     equation: ClassVar[str] = "Sec. 4 (ceiling variant), Table 1"
-    param_names: ClassVar[tuple[str, ...]] = ("lam",)
+    param_names: ClassVar[tuple[str, ...]] = ("lam", "realization")
 
     def __post_init__(self) -> None:
         check_lam(self.lam)
+        self._check_realization()
         if self.lam == 0:
             raise ValueError("lam must be > 0 for overshoot-ceiling (the ceiling is p/lam)")
 
@@ -120,21 +133,24 @@ class OvershootCeiling(ReferenceRule):
 
 
 @dataclass(frozen=True)
-class AdaptiveInterpolation(ReferenceRule):
-    """Ablation of section 4 ("adaptive interpolation"): P = q + Delta (p - q) where q <= p, with Delta of
-    Eq. 11 computed with l = lam, and the CoS mixture lam p + (1 - lam) q where q > p.
+class AdaptiveInterpolation(UnnormalizedReferenceRule):
+    """Ablation of section 4 ("adaptive interpolation", Table 1): P = q + Delta (p - q) where q <= p, with Delta
+    of Eq. 11 computed with l = lam, and the CoS mixture lam p + (1 - lam) q (Eq. 2) where q > p.
 
-    Not normalized in general: h = min(1, P/q), r = norm([P - q]+) (falling back to norm([p - q]+) when
-    Delta = 0); the analysis reports what it really induces.
+    Not normalized in general; ``realization`` (see :class:`~verispec.rules.base.UnnormalizedReferenceRule`):
+    "normalized" (default) induces P / sum(P), Delta included; "residual" (h = min(1, P/q),
+    r = norm([P - q]+), falling back to norm([p - q]+) when Delta = 0) induces exactly CoS-WE(lam), Eq. 8:
+    Delta never acts (docs/paper_notes.md).
     """
 
     lam: float = 0.5
     name: ClassVar[str] = "adaptive-interpolation"
     equation: ClassVar[str] = "Sec. 4 (adaptive variant), Eq. 11, Table 1"
-    param_names: ClassVar[tuple[str, ...]] = ("lam",)
+    param_names: ClassVar[tuple[str, ...]] = ("lam", "realization")
 
     def __post_init__(self) -> None:
         check_lam(self.lam)
+        self._check_realization()
         if self.lam == 0:
             raise ValueError("lam must be > 0 for adaptive-interpolation (Delta divides by lam)")
 
@@ -144,29 +160,50 @@ class AdaptiveInterpolation(ReferenceRule):
 
 
 @dataclass(frozen=True)
-class MinPCap(Rule):
-    """Min-p-gated overshoot cap (Appendix E, Table 6 last row): tokens in the min-p set A of p are yielded
-    with probability q, tokens outside with min(q, p/l).
+class Ceiling(UnnormalizedReferenceRule):
+    """Overshoot ceiling of Table 6 (row 4, App. E): P = q where q <= p/l, p/l where q >= p/l, i.e.
+    P = min(q, p/l); lenience (Eq. 10) without its adaptive interpolation on q <= p.
 
-    Implemented as h = 1 on A and min(1, p/(l q)) outside A, so the accept path is exactly that yield. Here
-    P <= q everywhere, so [P - q]+ has no mass: the rejected mass goes to the lenience residual
-    norm([p - q]+) (Appendix A), as in the lenience rule this one modifies.
+    sum(P) <= 1. ``realization``: "normalized" (default) induces min(q, p/l) / sum(min(q, p/l)) exactly;
+    "residual" has [P - q]+ = 0 everywhere, so the rejected mass goes to lenience's residual norm([p - q]+)
+    (App. A) and the rule IS lenience(l) (Eq. 9-11). Section 4's "overshoot ceiling" (lam p + (1 - lam) q
+    below the ceiling) is the different rule ``overshoot-ceiling``.
+    """
+
+    l: float = 0.5
+    name: ClassVar[str] = "ceiling"
+    equation: ClassVar[str] = "Table 6 (row 4), App. E"
+    param_names: ClassVar[tuple[str, ...]] = ("l", "realization")
+
+    def __post_init__(self) -> None:
+        check_l(self.l)
+        self._check_realization()
+
+    def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(q, p / self.l)
+
+
+@dataclass(frozen=True)
+class MinPCap(UnnormalizedReferenceRule):
+    """Min-p-gated overshoot cap (Appendix E, Table 6 last row): P = q on the min-p set A of p (Eq. 5),
+    min(q, p/l) outside it.
+
+    sum(P) <= 1. ``realization``: "normalized" (default) induces P / sum(P) exactly. "residual" is h = 1 on A
+    and min(1, p/(l q)) outside A, so the accept path is exactly the yield P; since P <= q everywhere, [P - q]+
+    has no mass and the rejected mass goes to the lenience residual norm([p - q]+) (Appendix A), as in the
+    lenience rule this one modifies.
     """
 
     p_base: float = 0.5
     l: float = 0.5
     name: ClassVar[str] = "minp-cap"
     equation: ClassVar[str] = "App. E, Table 6 (last row)"
-    param_names: ClassVar[tuple[str, ...]] = ("p_base", "l")
+    param_names: ClassVar[tuple[str, ...]] = ("p_base", "l", "realization")
 
     def __post_init__(self) -> None:
         check_p_base(self.p_base)
         check_l(self.l)
+        self._check_realization()
 
-    def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        inside = minp_mask(p, self.p_base)
-        return torch.where(inside, torch.ones_like(p), ratio_acceptance(p / self.l, q))
-
-    def correction(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        return positive_residual(torch.clamp(p - q, min=0), p)
-
+    def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return torch.where(minp_mask(p, self.p_base), q, torch.minimum(q, p / self.l))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 import torch
 
@@ -11,7 +11,10 @@ from ..processors import eta_mask, minp_mask, renormalize_on
 from .base import ReferenceRule, Rule, positive_residual, ratio_acceptance
 from .validate import check_delta, check_epsilon, check_p_base
 
-__all__ = ["EtaSampling", "Lossless", "MinPSampling", "NaiveResample"]
+__all__ = ["DRAFT_TRUNCATIONS", "EtaSampling", "Lossless", "MinPSampling", "NaiveResample"]
+
+DraftTruncation = Literal["none", "same"]
+DRAFT_TRUNCATIONS: tuple[str, ...] = ("none", "same")
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Lossless(ReferenceRule):
     name: ClassVar[str] = "lossless"
     equation: ClassVar[str] = "Eq. 1; tutorial 3.2"
     lossless: ClassVar[bool] = True
+    tree_rejection: ClassVar[str | None] = "residual"
 
     def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         return p
@@ -48,11 +52,25 @@ class NaiveResample(Rule):
 class _TruncatedLossless(Rule):
     """Lossless verification against a truncated target p_Theta (Eq. 4): the matched baselines of section 5.
 
-    The draft is truncated by the same strategy (on its own distribution), as a warper applied to both models
-    would do; that changes speed, never the output distribution, which is p_Theta exactly.
+    ``draft_truncation`` says what the draft samples from (:meth:`draft`, the transform the engine, the offline
+    estimator, the Figure-4 simulation and ``verispec analyze`` all apply to q):
+
+    * ``"none"`` (default): q untouched. This is the paper's protocol: the baseline reuses the same draft
+      trajectories as the lossy rule (App. C), and Lemma 1 / Figure 4 compare sum min(p_Theta, q) with
+      sum min(p, q) for the same q.
+    * ``"same"``: q truncated by the same strategy on its own distribution, as a warper applied to both models
+      would do (verispec's behaviour before this option existed).
+
+    Either way the output is p_Theta exactly; only the acceptance (BE) differs. In a tree the rule is verified as
+    plain lossless SD on p_Theta (:meth:`tree_verifier`).
     """
 
+    draft_truncation: DraftTruncation = field(default="none", kw_only=True)
     lossless: ClassVar[bool] = True
+
+    def _check_draft_truncation(self) -> None:
+        if self.draft_truncation not in DRAFT_TRUNCATIONS:
+            raise ValueError(f"draft_truncation must be 'none' or 'same', got {self.draft_truncation!r}")
 
     def allowed(self, p: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -61,7 +79,12 @@ class _TruncatedLossless(Rule):
         return renormalize_on(p, self.allowed(p))
 
     def draft(self, q: torch.Tensor) -> torch.Tensor:
+        if self.draft_truncation == "none":
+            return q
         return renormalize_on(q, self.allowed(q))
+
+    def tree_verifier(self) -> Rule:
+        return Lossless()
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         return ratio_acceptance(self.target(p), q)
@@ -78,10 +101,11 @@ class MinPSampling(_TruncatedLossless):
     p_base: float = 0.1
     name: ClassVar[str] = "minp-sampling"
     equation: ClassVar[str] = "Eq. 4-5 + Eq. 1"
-    param_names: ClassVar[tuple[str, ...]] = ("p_base",)
+    param_names: ClassVar[tuple[str, ...]] = ("p_base", "draft_truncation")
 
     def __post_init__(self) -> None:
         check_p_base(self.p_base)
+        self._check_draft_truncation()
 
     def allowed(self, p: torch.Tensor) -> torch.Tensor:
         return minp_mask(p, self.p_base)
@@ -95,11 +119,12 @@ class EtaSampling(_TruncatedLossless):
     delta: float | None = None
     name: ClassVar[str] = "eta-sampling"
     equation: ClassVar[str] = "Eq. 4, 6 + Eq. 1"
-    param_names: ClassVar[tuple[str, ...]] = ("epsilon", "delta")
+    param_names: ClassVar[tuple[str, ...]] = ("epsilon", "delta", "draft_truncation")
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
         check_delta(self.delta)
+        self._check_draft_truncation()
 
     def allowed(self, p: torch.Tensor) -> torch.Tensor:
         return eta_mask(p, self.epsilon, self.delta)

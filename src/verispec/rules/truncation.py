@@ -8,13 +8,15 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..processors import eta_mask, minp_mask, renormalize_on
+from ..processors import eta_mask, eta_threshold, minp_mask, renormalize_on
 from .base import Rule, positive_residual
 from .validate import check_delta, check_epsilon, check_p_base
 
-__all__ = ["SpecCascade", "Typical", "TruncationRule"]
+__all__ = ["ACCEPTANCE_FORMS", "SpecCascade", "Typical", "TruncationRule"]
 
 Correction = Literal["draft", "target"]
+AcceptanceForm = Literal["indicator", "ratio"]
+ACCEPTANCE_FORMS: tuple[str, ...] = ("indicator", "ratio")
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,13 @@ class TruncationRule(Rule):
     q 1_A + (1 - Z_Theta(q)) p_Theta (a mixture of Eq. 13 and the matched baseline).
 
     The bonus token after a fully accepted block is drawn from p_Theta (Appendix H.1).
+
+    In a tree (App. H.1, Lemma 3(ii)) the walk applies :meth:`acceptance` to the truncated target p_Theta (the
+    distribution the tree verifier scores), keeps p_Theta after a rejected candidate, and draws the bonus from it.
     """
 
     correction_source: Correction = "draft"
+    tree_rejection: ClassVar[str | None] = "keep"
 
     def allowed(self, p: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -73,18 +79,34 @@ class SpecCascade(TruncationRule):
 @dataclass(frozen=True)
 class Typical(TruncationRule):
     """Typical acceptance (Medusa) as truncation-based verification with the eta set (Eq. 6, 12, 13, 28);
-    delta defaults to epsilon as in Eq. 28."""
+    delta defaults to epsilon as in Eq. 28.
+
+    ``acceptance_form`` (alias ``acceptance``) picks the reading of Eq. 28, for chains and trees alike, as a
+    function of the distribution the verifier scores (p in a chain, p_Theta in a tree):
+
+    * ``"indicator"`` (default): h(x) = 1[x in A_eta] (Eq. 12, Definition 1);
+    * ``"ratio"``: h(x) = min{p(x) / tau, 1}, tau = min(eps, delta e^{-H(p)}) (Eq. 28 as printed), fractional
+      where p(x) < tau, i.e. outside A_eta (in a tree, where p_Theta is scored, h = 0 outside A_eta(p)).
+    """
 
     epsilon: float = 0.1
     delta: float | None = None
+    acceptance_form: AcceptanceForm = "indicator"
     name: ClassVar[str] = "typical"
     equation: ClassVar[str] = "Def. 1, Eq. 6, 12, 13, 28"
-    param_names: ClassVar[tuple[str, ...]] = ("epsilon", "delta", "correction_source")
+    param_names: ClassVar[tuple[str, ...]] = ("epsilon", "delta", "correction_source", "acceptance_form")
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
         check_delta(self.delta)
         self._check_correction()
+        if self.acceptance_form not in ACCEPTANCE_FORMS:
+            raise ValueError(f"acceptance must be 'indicator' or 'ratio', got {self.acceptance_form!r}")
 
     def allowed(self, p: torch.Tensor) -> torch.Tensor:
         return eta_mask(p, self.epsilon, self.delta)
+
+    def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        if self.acceptance_form == "indicator":
+            return super().acceptance(p, q)
+        return torch.clamp(p / eta_threshold(p, self.epsilon, self.delta), max=1.0)
