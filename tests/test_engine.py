@@ -297,3 +297,42 @@ def test_metrics_consistent(pair):
     assert m.block_efficiency == pytest.approx(m.emitted_accepted / m.rounds)
     assert m.emitted_accepted <= m.accepted
     assert all(0 <= a <= 1 for a in m.acceptance_per_position)
+
+
+def test_greedy_lossy_rule_is_deterministic_reference_argmax(pair):
+    """Temperature 0 with CoS-WE (lam = 0.5), default greedy_lossy="reference": each round accepts drafts while
+    the draft's argmax equals argmax(lam p + (1 - lam) q) of the untempered distributions, emits that argmax at
+    the first mismatch and argmax p as the bonus. Checked against a simulation with plain forwards; the output
+    does not depend on the seed. greedy_lossy="onehot" (the rule's law on one-hot p and q) does."""
+    target, draft = pair
+    lam, gamma, n_new = 0.5, 3, 20
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    rule = get("cos-we", lam=lam)
+    prompt = [4, 8, 15, 16, 23]
+
+    def dist(model, seq):
+        with torch.no_grad():
+            return torch.softmax(model(torch.tensor([seq])).logits[0, -1].double(), -1)
+
+    seq, out = list(prompt), []
+    while len(out) < n_new:
+        g = min(gamma, n_new - len(out) - 1)
+        emitted, ctx = [], list(seq)
+        for _ in range(g):
+            q, p = dist(draft, ctx), dist(target, ctx)
+            x, best = int(q.argmax()), int((lam * p + (1 - lam) * q).argmax())
+            emitted.append(best)
+            ctx.append(best)
+            if x != best:
+                break
+        else:
+            emitted.append(int(dist(target, ctx).argmax()))
+        seq += emitted
+        out += emitted
+    runs = [eng.generate(prompt, rule=rule, sampling=GREEDY, gamma=gamma, max_new_tokens=n_new, seed=s).token_ids
+            for s in (0, 1)]
+    assert runs[0] == runs[1] == out[:n_new]
+    assert out[:n_new] != reference_greedy(target, prompt, n_new)  # the rule really mixes in the draft
+    onehot = {tuple(eng.generate(prompt, rule=rule, sampling=GREEDY, gamma=gamma, max_new_tokens=n_new, seed=s,
+                                 greedy_lossy="onehot").token_ids) for s in range(4)}
+    assert len(onehot) > 1

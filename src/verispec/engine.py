@@ -29,7 +29,7 @@ from .drafters.base import Drafter, DraftRequest, Proposal, check_gamma
 from .processors import History, SamplingConfig, apply_penalties, process
 from .rules import Rule, get
 from .tree import TokenTree, check_tree_rule, verify_tree
-from .verify import verify_block, verify_greedy
+from .verify import verify_block, verify_greedy, verify_greedy_rule
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
 
@@ -164,6 +164,10 @@ class Request:
     stop: Sequence[str] = ()
     seed: int = 0
     chat: bool = False
+    #: a lossy rule at temperature 0: "reference" accepts a draft iff it is the argmax of the rule's reference
+    #: distribution built from the untempered p and q (deterministic; transformers' weighted-ensemble reading);
+    #: "onehot" applies the rule to the one-hot tempered p and q (its law on point masses; random)
+    greedy_lossy: str = "reference"
 
 
 class Row:
@@ -237,6 +241,8 @@ class Engine:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}")
         if isinstance(req.stop, str):
             raise ValueError("stop must be a list of strings, not a string")
+        if req.greedy_lossy not in ("reference", "onehot"):
+            raise ValueError(f"greedy_lossy must be 'reference' or 'onehot', got {req.greedy_lossy!r}")
         prompt_ids = self._check_prompt(req.prompt, req.chat)
         key = self._next_key
         self._next_key += 1
@@ -287,7 +293,7 @@ class Engine:
             reqs = []
             for r in rows:
                 max_len = max(min(r.request.max_new_tokens - len(r.new) - 1, limit - len(r.ids) - 1), 0)
-                untempered = r.cfg.greedy and not r.rule.lossless
+                untempered = r.cfg.greedy and not r.rule.lossless and r.request.greedy_lossy == "reference"
                 reqs.append(DraftRequest(r.key, r.ids, max_len, r.cfg, r.rule, r.generator, r.history, untempered))
             t0 = time.perf_counter()
             proposals = self.drafter.propose(reqs)
@@ -334,6 +340,10 @@ class Engine:
                 if hist is not None:
                     logits = apply_penalties(logits, hist, r.cfg)
                 res = verify_greedy(y_t, logits.argmax(-1).unsqueeze(0))
+            elif r.cfg.greedy and r.request.greedy_lossy == "reference":
+                p = process(logits, r.cfg.untempered(), hist)
+                q = prop.q.unsqueeze(0) if prop.q is not None else None
+                res = verify_greedy_rule(r.rule, y_t, p.unsqueeze(0), q)
             else:
                 p = process(logits, r.cfg, hist)
                 q = prop.q.unsqueeze(0) if prop.q is not None and not r.cfg.greedy else None
@@ -384,6 +394,7 @@ class Engine:
         stop: Sequence[str] | Sequence[Sequence[str]] = (),
         seed: int | Sequence[int] = 0,
         chat: bool | Sequence[bool] = False,
+        greedy_lossy: str | Sequence[str] = "reference",
         batch_size: int | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
@@ -391,6 +402,7 @@ class Engine:
         message without disturbing the others).
 
         A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
+        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`).
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
@@ -407,6 +419,7 @@ class Engine:
             "stop": _per_row_stop(stop, n),
             "seed": _per_row("seed", seed, n, (int,)),
             "chat": _per_row("chat", chat, n, (bool,)),
+            "greedy_lossy": _per_row("greedy_lossy", greedy_lossy, n, (str,)),
         }
         requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
         if single:

@@ -260,7 +260,7 @@ def test_drafters_and_the_draft_they_record(drafter, draft_recorded):
 
 
 def test_unknown_drafter_is_refused():
-    with pytest.raises(ValueError, match="drafter must be one of model, tree, llamacpp"):
+    with pytest.raises(ValueError, match="drafter must be one of model, llamacpp, tree"):
         _cfg(models={"target": "toy", "drafter": "forest"})
 
 

@@ -64,7 +64,7 @@ class ModelDrafter(BaseDrafter):
                     # every processor and rule's draft transform keeps the argmax: q is needed only on request
                     tok = int((apply_penalties(lg, hist[i], req.cfg) if hist[i] is not None else lg).argmax())
                     if req.untempered_q:
-                        qs[i].append(req.rule.draft(process(lg, req.cfg.with_(temperature=1.0), hist[i])))
+                        qs[i].append(process(lg, req.cfg.untempered(), hist[i]))
                 else:
                     q = req.rule.draft(process(lg, req.cfg, hist[i]))
                     tok = int(sample_categorical(q, req.generator))

@@ -266,7 +266,7 @@ def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: Swee
              prompt_ids: list[int] | None = None) -> dict:
     """Generate and grade one unit; return its result line (a dict)."""
     ids = prompt_ids if prompt_ids is not None else encode_problem(engine, problem)
-    rule = unit.method.build()
+    rule = cfg.build(unit.method)
     res = engine.generate(ids, rule=rule, sampling=cfg.sampling_config(), gamma=cfg.gamma,
                           max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed)
     t0 = time.perf_counter()
@@ -285,7 +285,7 @@ def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: Swee
         "method": unit.method.rule,
         "params": unit.method.param_dict(),
         "label": unit.method.label,
-        "baseline": unit.method.baseline().label,
+        "baseline": cfg.baseline_of(unit.method).label,
         "lossless": unit.method.lossless,
         "seed": unit.seed,
         "gen_seed": unit.gen_seed,
@@ -334,6 +334,9 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     new = cfg.to_json()
     keys = ("temperature", "sampling", "gamma", "max_new_tokens", "target", "drafter", "dtype")
     diff = [k for k in keys if old.get(k) != new.get(k)]
+    # runs made before the option existed ran their baselines with the draft truncated too
+    if old.get("baseline_draft_truncation", "same") != new.get("baseline_draft_truncation", "same"):
+        diff.append("baseline_draft_truncation")
     if cfg.uses_draft and old.get("draft") != new.get("draft"):
         diff.append("draft")
     old_tasks = {t["name"]: t.get("max_new_tokens") for t in old.get("tasks", [])}
