@@ -86,16 +86,18 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
 @click.option("--shard", "shard_text", default=None, metavar="I/N",
               help="Run every N-th unit starting at the I-th (0-based) into results-I-of-N.jsonl; start N of "
                    "them (0/N .. N-1/N) on one RUN_DIR to split a sweep across processes or machines.")
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="Units decoded at once as rows of one batch (default: 8, from docs/results/batching.md).")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
-            max_units: int | None, no_progress: bool, shard_text: str | None) -> None:
+            max_units: int | None, no_progress: bool, shard_text: str | None, batch_size: int | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
-    from .eval.runner import parse_shard, run_sweep, shard_results_name
+    from .eval.runner import DEFAULT_BATCH_SIZE, parse_shard, run_sweep, shard_results_name
 
     try:
         shard = parse_shard(shard_text) if shard_text else None
         s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
                       progress=not no_progress, max_units=max_units, log=lambda m: click.echo(m, err=True),
-                      shard=shard)
+                      shard=shard, batch_size=batch_size or DEFAULT_BATCH_SIZE)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise _fail(exc) from None
     name = shard_results_name(shard if shard and shard[1] > 1 else None)

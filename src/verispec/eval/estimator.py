@@ -351,7 +351,8 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
       next to each setting's measured BE;
     * ``estimate.md``: both as Markdown (included by ``bench report``).
 
-    ``max_per_setting=N`` keeps every setting's outputs on the run's first N (task, problem, seed) pairs only.
+    ``max_per_setting=N`` keeps every setting's outputs on the first N (task, problem, seed) pairs of the grid's
+    unit order that the run has.
     """
     import json
 
@@ -372,7 +373,15 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
         raise ValueError(f"{run_dir} has no results")
     if max_per_setting is not None:
         # the first N (task, problem, seed) groups, every setting's output on them: like for like across settings
-        groups = list(dict.fromkeys((r["task"], r["problem_id"], r["seed"]) for r in recs))[:max_per_setting]
+        # in the grid's unit order (a batched run writes lines in completion order, not grid order)
+        from .runner import load_problems
+        from .sweep import expand
+
+        present = {(r["task"], r["problem_id"], r["seed"]) for r in recs}
+        units = expand(cfg, {k: [p.id for p in v] for k, v in load_problems(cfg).items()})
+        order = [g for g in dict.fromkeys((u.task, u.problem_id, u.seed) for u in units) if g in present]
+        order += sorted(present - set(order))
+        groups = order[:max_per_setting]
         keep = set(groups)
         recs = [r for r in recs if (r["task"], r["problem_id"], r["seed"]) in keep]
     cache = out / "dists.pt"

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engine import GenerationResult, Request
+from ..scheduler import Scheduler
 from .sweep import SweepConfig, WorkUnit, expand, load_config
 from .tasks.base import Grade, Problem
 
@@ -59,6 +61,8 @@ RESULTS = "results.jsonl"
 SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
 ERRORS = "errors.jsonl"
 SCHEMA = 1
+#: units decoded at once by default (``--batch-size``); see docs/results/batching.md for the measurement
+DEFAULT_BATCH_SIZE = 8
 
 from ..testing import ToyTokenizer  # noqa: E402  (re-exported: the toy task renders prompts with it)
 
@@ -262,13 +266,25 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+def unit_request(unit: WorkUnit, cfg: SweepConfig, prompt_ids: list[int]) -> Request:
+    """The engine request of one unit: its rule, the sweep's sampling settings, its own seed."""
+    return Request(prompt_ids, rule=cfg.build(unit.method), sampling=cfg.sampling_config(), gamma=cfg.gamma,
+                   max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed)
+
+
 def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: SweepConfig,
              prompt_ids: list[int] | None = None) -> dict:
-    """Generate and grade one unit; return its result line (a dict)."""
+    """Generate and grade one unit on its own; return its result line (a dict)."""
     ids = prompt_ids if prompt_ids is not None else encode_problem(engine, problem)
-    rule = cfg.build(unit.method)
-    res = engine.generate(ids, rule=rule, sampling=cfg.sampling_config(), gamma=cfg.gamma,
-                          max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed)
+    req = unit_request(unit, cfg, ids)
+    res = engine.generate(ids, rule=req.rule, sampling=req.sampling, gamma=req.gamma,
+                          max_new_tokens=req.max_new_tokens, seed=req.seed)
+    return unit_record(unit, task, problem, cfg, ids, res)
+
+
+def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, ids: list[int],
+                res: GenerationResult) -> dict:
+    """Grade a unit's generation and build its result line."""
     t0 = time.perf_counter()
     try:
         grade = task.grade(problem, res.text)
@@ -360,6 +376,7 @@ def run_sweep(
     max_units: int | None = None,
     log: Callable[[str], None] | None = None,
     shard: tuple[int, int] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> RunSummary:
     """Run (or resume) a sweep into ``out_dir``; see the module docstring for the guarantees.
 
@@ -368,7 +385,11 @@ def run_sweep(
     ``shard=(I, N)`` runs every N-th unit of the grid starting at the I-th, appending to
     ``results-I-of-N.jsonl``: N processes (or machines sharing the directory) split one sweep. Units done by
     any earlier run, sharded or not, are skipped, so a sweep can switch between sharded and unsharded runs.
+    ``batch_size``: units decoded at once as rows of one batch (continuous batching: a finished unit is graded
+    and written at once, and the next unit joins); each unit keeps its own seed, so results do not depend on it.
     """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if shard is not None:
         if shard[1] == 1:
             shard = None
@@ -416,32 +437,65 @@ def run_sweep(
         by_id = {(name, p.id): p for name, ps in problems.items() for p in ps}
         prompts: dict[tuple[str, str], list[int]] = {}
         bar = _progress(len(todo), progress)
-        passed = 0
-        be_sum = 0.0
+        stats = {"passed": 0, "be": 0.0}
+
+        def fail(unit: WorkUnit, exc: BaseException) -> None:  # logged; the unit is retried on the next start
+            summary.failed += 1
+            msg = f"{type(exc).__name__}: {exc}"
+            summary.failures.append(f"{unit.key}: {msg}")
+            with open(run_dir / ERRORS, "a") as errs:
+                errs.write(json.dumps({"key": unit.key, "error": msg, "at": _now()}) + "\n")
+            say(f"FAILED {unit.key}: {msg}")
+            tick(unit)
+
+        def tick(unit: WorkUnit) -> None:
+            if bar is not None:
+                bar.update(1)
+                n = max(summary.completed, 1)
+                bar.set_postfix_str(f"{unit.task} {unit.method.label} | BE {stats['be'] / n:.2f} "
+                                    f"acc {100 * stats['passed'] / n:.0f}%", refresh=False)
+
+        def finish(out: Any, unit: WorkUnit, ids: list[int], res: GenerationResult) -> None:
+            rec = unit_record(unit, task_objs[unit.task], by_id[(unit.task, unit.problem_id)], cfg, ids, res)
+            _append(out, rec)
+            summary.completed += 1
+            stats["passed"] += rec["grade"]["passed"]
+            stats["be"] += rec["be"]
+            tick(unit)
+
+        sched = Scheduler(engine, max_batch=batch_size)
+        queue = list(todo)
+        live: dict[int, tuple[WorkUnit, list[int], Any]] = {}
         with open(results_path, "ab") as out:
-            for unit in todo:
-                pkey = (unit.task, unit.problem_id)
+            while queue or live:
+                while queue and len(live) < batch_size:  # keep the batch full: a finished unit's row is refilled
+                    unit = queue.pop(0)
+                    pkey = (unit.task, unit.problem_id)
+                    try:
+                        if pkey not in prompts:
+                            prompts[pkey] = encode_problem(engine, by_id[pkey])
+                        handle = sched.submit(unit_request(unit, cfg, prompts[pkey]))
+                    except Exception as exc:
+                        fail(unit, exc)
+                    else:
+                        live[handle.id] = (unit, prompts[pkey], handle)
+                if not live:
+                    continue
                 try:
-                    if pkey not in prompts:
-                        prompts[pkey] = encode_problem(engine, by_id[pkey])
-                    rec = run_unit(unit, engine, task_objs[unit.task], by_id[pkey], cfg, prompts[pkey])
-                except Exception as exc:  # logged and retried on the next start
-                    summary.failed += 1
-                    msg = f"{type(exc).__name__}: {exc}"
-                    summary.failures.append(f"{unit.key}: {msg}")
-                    with open(run_dir / ERRORS, "a") as errs:
-                        errs.write(json.dumps({"key": unit.key, "error": msg, "at": _now()}) + "\n")
-                    say(f"FAILED {unit.key}: {msg}")
-                else:
-                    _append(out, rec)
-                    summary.completed += 1
-                    passed += rec["grade"]["passed"]
-                    be_sum += rec["be"]
-                if bar is not None:
-                    bar.update(1)
-                    n = max(summary.completed, 1)
-                    bar.set_postfix_str(f"{unit.task} {unit.method.label} | BE {be_sum / n:.2f} "
-                                        f"acc {100 * passed / n:.0f}%", refresh=False)
+                    sched.step()
+                except Exception as exc:  # the round's rows fail (the scheduler has released them)
+                    for hid, (unit, _, handle) in list(live.items()):
+                        if handle.done:
+                            del live[hid]
+                            fail(unit, exc)
+                    continue
+                for hid, (unit, ids, handle) in list(live.items()):
+                    if handle.done:
+                        del live[hid]
+                        try:
+                            finish(out, unit, ids, handle.result)
+                        except Exception as exc:
+                            fail(unit, exc)
         if bar is not None:
             bar.close()
     summary.seconds = time.perf_counter() - start
