@@ -134,7 +134,7 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
     name = shard_results_name(shard if shard and shard[1] > 1 else None)
     lost = getattr(s, "lost_workers", 0)
     on_ray = ""
-    if ray_address is not None:
+    if getattr(s, "workers", 0):
         on_ray = f" on {s.workers} Ray workers" + (f" ({lost} lost)" if lost else "")
     click.echo(f"{s.completed} units done now{on_ray}, {s.skipped} were already done, {s.failed} failed "
                f"({s.seconds:.0f} s); results in {s.run_dir / name}")
