@@ -38,6 +38,7 @@ from typing import Any
 
 from .runner import (
     EngineFactory,
+    RunPlan,
     RunSummary,
     UnitExecutor,
     _append,
@@ -199,7 +200,7 @@ def _kill(ray: Any, actor: Any) -> None:
 class _Pool:
     """The driver's loop: start actors, hand each ready one a unit, collect results, replace lost actors."""
 
-    def __init__(self, ray: Any, opts: RayOptions, plan: Any, summary: RaySummary, size: int,
+    def __init__(self, ray: Any, opts: RayOptions, plan: RunPlan, summary: RaySummary, size: int,
                  engine_factory: EngineFactory | None, progress: bool, say: Callable[[str], None]) -> None:
         self.ray, self.opts, self.plan, self.summary, self.say = ray, opts, plan, summary, say
         self.actor_cls = ray.remote(UnitWorker).options(
