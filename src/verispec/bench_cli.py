@@ -100,7 +100,7 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
 @click.option("--ray-gpus-per-worker", type=click.FloatRange(min=0), default=None,
               help="GPUs each Ray worker reserves [default: 0].")
 @click.option("--ray-max-retries", type=click.IntRange(min=0), default=None,
-              help="Runs again of a unit whose Ray worker died, before it counts as failed [default: 2].")
+              help="How often a unit whose Ray worker died is run again before it counts as failed [default: 2].")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
             max_units: int | None, no_progress: bool, shard_text: str | None, ray_address: str | None,
             ray_workers: int | None, ray_cpus_per_worker: float | None, ray_gpus_per_worker: float | None,
