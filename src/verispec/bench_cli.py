@@ -4,6 +4,8 @@ A click group (``bench``) registered on the main CLI. Commands::
 
     verispec bench grid CONFIG [--limit N] [--tasks a,b] [--seeds 0,1]     # the units, without running
     verispec bench run CONFIG --out RUN_DIR [--limit N] [--tasks a,b] [--seeds 0,1] [--max-units K] [--shard I/N]
+    verispec bench run CONFIG --out RUN_DIR --ray [auto | local | HOST:PORT] [--ray-workers N]
+                                            [--ray-cpus-per-worker C] [--ray-gpus-per-worker G] [--ray-max-retries R]
     verispec bench report RUN_DIR [--out DIR]
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
 
@@ -88,20 +90,56 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
                    "them (0/N .. N-1/N) on one RUN_DIR to split a sweep across processes or machines.")
 @click.option("--batch-size", default=None, type=click.IntRange(min=1),
               help="Units decoded at once as rows of one batch (default: 8, from docs/results/batching.md).")
+@click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[auto|local|ADDR]",
+              help="Run the units on Ray workers; the driver writes the results. auto (the value of a bare --ray): "
+                   "RAY_ADDRESS, else the cluster started on this machine with `ray start`, else a new local "
+                   "instance; local: a new local instance; HOST:PORT (or ray://HOST:PORT): that cluster's head. "
+                   "Needs pip install 'verispec[ray]'.")
+@click.option("--ray-workers", type=click.IntRange(min=1), default=None,
+              help="Ray workers (actors) to start [default: as many as the cluster's CPUs / GPUs hold].")
+@click.option("--ray-cpus-per-worker", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="CPUs each Ray worker reserves [default: 1]; set the config's threads to match.")
+@click.option("--ray-gpus-per-worker", type=click.FloatRange(min=0), default=None,
+              help="GPUs each Ray worker reserves [default: 0].")
+@click.option("--ray-max-retries", type=click.IntRange(min=0), default=None,
+              help="How often a unit whose Ray worker died is run again before it counts as failed [default: 2].")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
-            max_units: int | None, no_progress: bool, shard_text: str | None, batch_size: int | None) -> None:
+            max_units: int | None, no_progress: bool, shard_text: str | None, batch_size: int | None,
+            ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
+            ray_gpus_per_worker: float | None, ray_max_retries: int | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
     from .eval.runner import DEFAULT_BATCH_SIZE, parse_shard, run_sweep, shard_results_name
 
+    ray_opts = {"workers": ray_workers, "cpus_per_worker": ray_cpus_per_worker,
+                "gpus_per_worker": ray_gpus_per_worker, "max_retries": ray_max_retries}
+    ray_opts = {k: v for k, v in ray_opts.items() if v is not None}
+    if ray_address is None and ray_opts:
+        raise _fail("--ray-workers, --ray-cpus-per-worker, --ray-gpus-per-worker and --ray-max-retries need --ray")
+    if ray_address is not None and shard_text:
+        raise _fail("--ray and --shard cannot be combined: Ray spreads the units over its workers")
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
     try:
         shard = parse_shard(shard_text) if shard_text else None
-        s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
-                      progress=not no_progress, max_units=max_units, log=lambda m: click.echo(m, err=True),
-                      shard=shard, batch_size=batch_size or DEFAULT_BATCH_SIZE)
+        if ray_address is not None:
+            from .eval.ray_runner import RayOptions, parse_ray_address, run_sweep_ray
+
+            opts = RayOptions(address=parse_ray_address(ray_address), **ray_opts)
+            s = run_sweep_ray(config, out_dir, options=opts, limit=limit, tasks=_csv(tasks_text),
+                              seeds=_seeds(seeds_text), progress=not no_progress, max_units=max_units, log=say)
+        else:
+            s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
+                          progress=not no_progress, max_units=max_units, log=say, shard=shard,
+                          batch_size=batch_size or DEFAULT_BATCH_SIZE)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise _fail(exc) from None
     name = shard_results_name(shard if shard and shard[1] > 1 else None)
-    click.echo(f"{s.completed} units done now, {s.skipped} were already done, {s.failed} failed "
+    lost = getattr(s, "lost_workers", 0)
+    on_ray = ""
+    if getattr(s, "workers", 0):
+        on_ray = f" on {s.workers} Ray workers" + (f" ({lost} lost)" if lost else "")
+    click.echo(f"{s.completed} units done now{on_ray}, {s.skipped} were already done, {s.failed} failed "
                f"({s.seconds:.0f} s); results in {s.run_dir / name}")
     if s.failed:
         raise _fail(f"{s.failed} units failed (see {s.run_dir / 'errors.jsonl'}); run again to retry them")

@@ -42,13 +42,17 @@ from .tasks.base import Grade, Problem
 
 __all__ = [
     "RESULTS",
+    "RunPlan",
     "RunSummary",
     "ToyTask",
     "ToyTokenizer",
+    "UnitExecutor",
     "default_engine_factory",
     "encode_problem",
     "get_task",
     "load_problems",
+    "log_failure",
+    "open_run",
     "parse_shard",
     "read_results",
     "results_files",
@@ -330,6 +334,30 @@ def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, i
     }
 
 
+class UnitExecutor:
+    """Runs the units of one sweep on one loaded engine (:func:`run_unit`); caches the task objects and each
+    problem's encoded prompt. The local runner uses one; each Ray worker (:mod:`.ray_runner`) holds one."""
+
+    def __init__(self, cfg: SweepConfig, engine: Any, problems: Mapping[str, Sequence[Problem]]) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.tasks = {name: get_task(name) for name in problems}
+        self.problems = {(name, p.id): p for name, ps in problems.items() for p in ps}
+        self.prompts: dict[tuple[str, str], list[int]] = {}
+
+    def prompt(self, unit: WorkUnit) -> list[int]:
+        """The unit's encoded prompt (cached per problem)."""
+        pkey = (unit.task, unit.problem_id)
+        if pkey not in self.prompts:
+            self.prompts[pkey] = encode_problem(self.engine, self.problems[pkey])
+        return self.prompts[pkey]
+
+    def __call__(self, unit: WorkUnit) -> dict:
+        """Generate and grade ``unit`` on its own; return its result line (exceptions propagate to the caller)."""
+        pkey = (unit.task, unit.problem_id)
+        return run_unit(unit, self.engine, self.tasks[unit.task], self.problems[pkey], self.cfg, self.prompt(unit))
+
+
 @dataclass
 class RunSummary:
     run_dir: Path
@@ -364,39 +392,38 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
                          "use another --out directory")
 
 
-def run_sweep(
+@dataclass
+class RunPlan:
+    """What one invocation of a sweep runs, as :func:`open_run` found it while holding the run's lock."""
+
+    cfg: SweepConfig  # the grid restricted by limit / tasks / seeds
+    problems: dict[str, list[Problem]]
+    todo: list[WorkUnit]  # units not done by any earlier run, in grid order (shard and max_units applied)
+    results_path: Path  # the one file this invocation appends to
+    summary: RunSummary
+
+
+@contextlib.contextmanager
+def open_run(
     config: SweepConfig | str | Path,
     out_dir: str | Path,
     *,
-    engine_factory: EngineFactory | None = None,
     limit: int | None = None,
     tasks: Sequence[str] | None = None,
     seeds: Sequence[int] | None = None,
-    progress: bool = True,
     max_units: int | None = None,
     log: Callable[[str], None] | None = None,
     shard: tuple[int, int] | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-) -> RunSummary:
-    """Run (or resume) a sweep into ``out_dir``; see the module docstring for the guarantees.
-
-    ``config``: a :class:`SweepConfig` or a TOML path (copied verbatim to ``out_dir/config.toml``).
-    ``limit``/``tasks``/``seeds`` shrink the grid; ``max_units`` stops after that many new units.
-    ``shard=(I, N)`` runs every N-th unit of the grid starting at the I-th, appending to
-    ``results-I-of-N.jsonl``: N processes (or machines sharing the directory) split one sweep. Units done by
-    any earlier run, sharded or not, are skipped, so a sweep can switch between sharded and unsharded runs.
-    ``batch_size``: units decoded at once as rows of one batch (continuous batching: a finished unit is graded
-    and written at once, and the next unit joins); each unit keeps its own seed, so results do not depend on it.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+) -> Iterator[RunPlan]:
+    """Lock ``out_dir``, check and record the sweep's settings, repair a torn last line and find the pending
+    units; yield them as a :class:`RunPlan` and hold the lock until the block ends. Arguments as
+    :func:`run_sweep`'s; every runner (local, sharded, Ray) starts here."""
     if shard is not None:
         if shard[1] == 1:
             shard = None
         elif not 0 <= shard[0] < shard[1]:
             raise ValueError(f"shard I/N needs 0 <= I < N, got {shard[0]}/{shard[1]}")
     results_path = Path(out_dir) / shard_results_name(shard)
-    start = time.perf_counter()
     run_dir = Path(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     src_path = None
@@ -429,13 +456,51 @@ def run_sweep(
             todo = todo[:max_units]
         where = "in the grid" if shard is None else f"in shard {shard[0]}/{shard[1]}"
         say(f"{len(units)} units {where}, {summary.skipped} already done, {len(todo)} to run")
+        yield RunPlan(cfg, problems, todo, results_path, summary)
+
+
+def log_failure(run_dir: Path, key: str, message: str, **extra: Any) -> None:
+    """Append one line ``{key, error, at, **extra}`` to ``RUN_DIR/errors.jsonl`` (a unit that did not produce
+    a result; it is retried on the next start)."""
+    with open(run_dir / ERRORS, "a") as errs:
+        errs.write(json.dumps({"key": key, "error": message, "at": _now(), **extra}) + "\n")
+
+
+def run_sweep(
+    config: SweepConfig | str | Path,
+    out_dir: str | Path,
+    *,
+    engine_factory: EngineFactory | None = None,
+    limit: int | None = None,
+    tasks: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    progress: bool = True,
+    max_units: int | None = None,
+    log: Callable[[str], None] | None = None,
+    shard: tuple[int, int] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> RunSummary:
+    """Run (or resume) a sweep into ``out_dir``; see the module docstring for the guarantees.
+
+    ``config``: a :class:`SweepConfig` or a TOML path (copied verbatim to ``out_dir/config.toml``).
+    ``limit``/``tasks``/``seeds`` shrink the grid; ``max_units`` stops after that many new units.
+    ``shard=(I, N)`` runs every N-th unit of the grid starting at the I-th, appending to
+    ``results-I-of-N.jsonl``: N processes (or machines sharing the directory) split one sweep. Units done by
+    any earlier run, sharded or not, are skipped, so a sweep can switch between sharded and unsharded runs.
+    ``batch_size``: units decoded at once as rows of one batch (continuous batching: a finished unit is graded
+    and written at once, and the next unit joins); each unit keeps its own seed, so results do not depend on it.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    start = time.perf_counter()
+    say = log or (lambda s: None)
+    with open_run(config, out_dir, limit=limit, tasks=tasks, seeds=seeds, max_units=max_units, log=say,
+                  shard=shard) as plan:
+        cfg, todo, summary, run_dir = plan.cfg, plan.todo, plan.summary, plan.summary.run_dir
         if not todo:
             summary.seconds = time.perf_counter() - start
             return summary
-        engine = (engine_factory or default_engine_factory)(cfg)
-        task_objs = {name: get_task(name) for name in problems}
-        by_id = {(name, p.id): p for name, ps in problems.items() for p in ps}
-        prompts: dict[tuple[str, str], list[int]] = {}
+        execute = UnitExecutor(cfg, (engine_factory or default_engine_factory)(cfg), plan.problems)
         bar = _progress(len(todo), progress)
         stats = {"passed": 0, "be": 0.0}
 
@@ -443,8 +508,7 @@ def run_sweep(
             summary.failed += 1
             msg = f"{type(exc).__name__}: {exc}"
             summary.failures.append(f"{unit.key}: {msg}")
-            with open(run_dir / ERRORS, "a") as errs:
-                errs.write(json.dumps({"key": unit.key, "error": msg, "at": _now()}) + "\n")
+            log_failure(run_dir, unit.key, msg)
             say(f"FAILED {unit.key}: {msg}")
             tick(unit)
 
@@ -456,29 +520,28 @@ def run_sweep(
                                     f"acc {100 * stats['passed'] / n:.0f}%", refresh=False)
 
         def finish(out: Any, unit: WorkUnit, ids: list[int], res: GenerationResult) -> None:
-            rec = unit_record(unit, task_objs[unit.task], by_id[(unit.task, unit.problem_id)], cfg, ids, res)
+            problem = execute.problems[(unit.task, unit.problem_id)]
+            rec = unit_record(unit, execute.tasks[unit.task], problem, cfg, ids, res)
             _append(out, rec)
             summary.completed += 1
             stats["passed"] += rec["grade"]["passed"]
             stats["be"] += rec["be"]
             tick(unit)
 
-        sched = Scheduler(engine, max_batch=batch_size)
+        sched = Scheduler(execute.engine, max_batch=batch_size)
         queue = list(todo)
         live: dict[int, tuple[WorkUnit, list[int], Any]] = {}
-        with open(results_path, "ab") as out:
+        with open(plan.results_path, "ab") as out:
             while queue or live:
                 while queue and len(live) < batch_size:  # keep the batch full: a finished unit's row is refilled
                     unit = queue.pop(0)
-                    pkey = (unit.task, unit.problem_id)
                     try:
-                        if pkey not in prompts:
-                            prompts[pkey] = encode_problem(engine, by_id[pkey])
-                        handle = sched.submit(unit_request(unit, cfg, prompts[pkey]))
+                        ids = execute.prompt(unit)
+                        handle = sched.submit(unit_request(unit, cfg, ids))
                     except Exception as exc:
                         fail(unit, exc)
                     else:
-                        live[handle.id] = (unit, prompts[pkey], handle)
+                        live[handle.id] = (unit, ids, handle)
                 if not live:
                     continue
                 try:
