@@ -55,6 +55,7 @@ def build_drafter(
     dtype: str = "bfloat16",
     threads: int | None = None,
     tree: dict | None = None,
+    device: str = "cpu",
 ) -> BaseDrafter | None:
     """The drafter named ``drafter`` (see :data:`verispec.config.DRAFTERS`) on the ``draft`` model.
 
@@ -66,7 +67,7 @@ def build_drafter(
         raise ValueError(f"drafter {drafter!r} needs a draft model")
     backend = None
     if spec.draft_backend == "hf":
-        d_model, d_tok = models.load_model(draft, dtype=dtype)  # type: ignore[arg-type]
+        d_model, d_tok = models.load_model(draft, dtype=dtype, device=device)  # type: ignore[arg-type]
         models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
         backend = HFBackend(d_model)
     elif spec.draft_backend == "llamacpp":
@@ -113,6 +114,7 @@ def load_engine(
     threads: int | None = None,
     cache: bool = True,
     tree: dict | None = None,
+    device: str = "cpu",
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
@@ -120,18 +122,23 @@ def load_engine(
     trees verified in one target forward with tree attention; ``tree`` holds the tree drafter's options),
     "llamacpp" (the draft's GGUF run by llama.cpp, about 4x cheaper per draft token on CPU; needs
     ``requirements-fast.txt``), "ngram" (prompt lookup), "ngram+model" / "ngram+llamacpp" (prompt lookup when
-    the last tokens occurred before, else that draft) or "none" (target only).
+    the last tokens occurred before, else that draft) or "none" (target only). ``device``: where the
+    transformers models run ("cpu", "cuda", "cuda:1", ...); verification always runs on the CPU in float64.
     """
+    if device != "cpu" and not device.startswith("cuda") and device != "mps":
+        raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
     drafter_spec(drafter)
     if threads:
         torch.set_num_threads(threads)
     key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
-           tuple(sorted((tree or {}).items())))
+           tuple(sorted((tree or {}).items())), device)
     if cache and (hit := ENGINES.get(key)) is not None:
         return hit
-    t_model, tok = models.load_model(target, dtype=dtype)
+    t_model, tok = models.load_model(target, dtype=dtype, device=device)
     eos = _eos_ids(t_model, tok, os.fspath(target))
-    draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree)
+    draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device)
     engine = Engine(HFBackend(t_model), draft_impl, tok, eos)
     if cache:
         ENGINES.put(key, engine)

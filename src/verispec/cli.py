@@ -272,13 +272,14 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
+@click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
              params: tuple[str, ...], drafter: str, tree_depth: int, tree_top_k: int, tree_budget: int | None,
              no_draft: bool, gamma: str | None, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
-             stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, as_json: bool) -> None:
+             stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, device: str, as_json: bool) -> None:
     """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair)."""
     from . import models, rules
     from .api import load_engine
@@ -294,7 +295,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
                              presence_penalty=presence_penalty)
         tree = {"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget} if drafter == "tree" else None
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
-                             "none" if no_draft else drafter, dtype, threads, tree=tree)
+                             "none" if no_draft else drafter, dtype, threads, tree=tree, device=device)
         result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
                                  stop=list(stop), seed=seed, chat=chat)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:

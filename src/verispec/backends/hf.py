@@ -284,7 +284,7 @@ class HFBackend:
         self.cache = out.past_key_values
         self._record(r, feed, tokens, list(req.parents), plan["depths"], n)
         self._len = n + ids.shape[1]
-        return out.logits[0, -keep:].float()
+        return out.logits[0, -keep:].float().cpu()  # verification runs on the CPU in float64
 
     def _forward_masked(self, requests: Sequence[ScoreRequest], plans: list[dict]) -> list[torch.Tensor]:
         widths = [len(p["feed"]) + len(q.tokens) for q, p in zip(requests, plans, strict=True)]
@@ -340,7 +340,7 @@ class HFBackend:
         self.cache = out.past_key_values
         self._len = length + w
         logits = out.logits
-        result = [logits[b, first : first + cnt].float() for b, first, cnt in picks]
+        result = [logits[b, first : first + cnt].float().cpu() for b, first, cnt in picks]
         order = {rid: i for i, rid in enumerate(rid for rid in self._order if rid in by_row)}
         return [result[order[q.row]] for q in requests]
 

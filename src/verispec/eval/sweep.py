@@ -18,6 +18,7 @@ A config (see ``configs/*.toml``)::
     drafter = "model"           # model | tree | llamacpp | ngram | ngram+model | ngram+llamacpp | none
     dtype = "bfloat16"
     threads = 2                 # optional torch intra-op threads
+    device = "cpu"              # where the transformers models run (cpu, cuda[:N]); results do not record it
 
     [[tasks]]
     name = "humaneval"
@@ -120,7 +121,7 @@ DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if sp
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
              "tasks", "methods", "baseline_draft_truncation"}
-_MODEL_KEYS = {"target", "draft", "drafter", "dtype", "threads"}
+_MODEL_KEYS = {"target", "draft", "drafter", "dtype", "threads", "device"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens"}
 _METHOD_KEYS = {"rule", "params"}
 
@@ -261,6 +262,7 @@ class SweepConfig:
     drafter: str = "model"
     dtype: str = "bfloat16"
     threads: int | None = None
+    device: str = "cpu"
     pair_baselines: bool = True
     baseline_draft_truncation: str = "none"
     raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
@@ -334,6 +336,7 @@ class SweepConfig:
             drafter=d["drafter"],
             dtype=d["dtype"],
             threads=d.get("threads"),
+            device=d.get("device", "cpu"),
             pair_baselines=d.get("pair_baselines", True),
             baseline_draft_truncation=d.get("baseline_draft_truncation", LEGACY_DRAFT_TRUNCATION),
         )
@@ -438,6 +441,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         drafter=drafter,
         dtype=dtype,
         threads=None if threads is None else _int("threads", threads, 1),
+        device=str(models.get("device", "cpu")),
         pair_baselines=pair,
         baseline_draft_truncation=draft_truncation,
         raw_methods=tuple(raw),
