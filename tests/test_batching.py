@@ -13,7 +13,7 @@ from verispec.engine import Engine, Request
 from verispec.processors import History, SamplingConfig, process
 from verispec.rules import get
 from verispec.scheduler import Scheduler
-from verispec.testing import chi_square_pvalue, tiny_qwen
+from verispec.testing import chi_square_pvalue, reference_greedy, tiny_qwen
 
 GREEDY = SamplingConfig(temperature=0)
 
@@ -21,14 +21,6 @@ GREEDY = SamplingConfig(temperature=0)
 @pytest.fixture(scope="module")
 def pair():
     return tiny_qwen(1, vocab_size=64, logit_scale=4), tiny_qwen(2, vocab_size=64, logit_scale=4)
-
-
-def reference_greedy(model, ids, n):
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids) :]
 
 
 def _prompts(n, seed=0):

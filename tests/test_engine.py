@@ -3,10 +3,8 @@ sampling distributions, cache exactness, stop conditions."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from verispec.analysis import sequence_distribution
 from verispec.backends.hf import HFBackend
@@ -14,7 +12,7 @@ from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from verispec.engine import Engine, Request, SpeculativeEngine
 from verispec.processors import SamplingConfig, history_counts, process
 from verispec.rules import get
-from verispec.testing import tiny_qwen
+from verispec.testing import chi_square_pvalue, reference_greedy, tiny_qwen
 
 GREEDY = SamplingConfig(temperature=0)
 
@@ -22,15 +20,6 @@ GREEDY = SamplingConfig(temperature=0)
 @pytest.fixture(scope="module")
 def pair():
     return tiny_qwen(1, vocab_size=64), tiny_qwen(2, vocab_size=64)
-
-
-def reference_greedy(model, ids, n):
-    """The target's own greedy decode, by plain full forwards (no cache)."""
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids) :]
 
 
 def test_greedy_equals_target_greedy(pair):
@@ -108,16 +97,7 @@ def _chi2_sequences(eng, rule, cfg, exact, prompt, gamma, length):
         key = tuple(out.token_ids)
         assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
         counts[key] = counts.get(key, 0) + 1
-    keys = sorted(exact, key=lambda k: -exact[k])
-    expected = np.array([exact[k] * N_SEQ for k in keys])
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    # pool the bins with expected count < 5 into one
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    stat, pvalue = chisquare(observed, expected * observed.sum() / expected.sum())
-    return pvalue
+    return chi_square_pvalue(counts, exact)  # bins with expected count < 5 pooled into one
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from verispec.backends.base import ScoreRequest
 from verispec.backends.hf import HFBackend
@@ -16,7 +14,7 @@ from verispec.drafters.tree import TreeDrafter
 from verispec.engine import Engine, Request
 from verispec.processors import SamplingConfig, history_counts, process
 from verispec.rules import get
-from verispec.testing import tiny_qwen
+from verispec.testing import chi_square_pvalue, tiny_qwen
 from verispec.tree import TokenTree, tree_attention
 
 GREEDY = SamplingConfig(temperature=0)
@@ -217,14 +215,7 @@ def test_tree_sampled_output_matches_target_law(rule, cfg, kw):
         counts[key] = counts.get(key, 0) + 1
         accepted += out.metrics.accepted
     assert accepted > N_SEQ // 4  # the tree path was really exercised
-    keys = sorted(exact, key=lambda k: -exact[k])
-    expected = np.array([exact[k] * N_SEQ for k in keys])
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    pvalue = chi_square_pvalue(counts, exact)
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 

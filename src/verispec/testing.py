@@ -13,6 +13,7 @@ __all__ = [
     "TOY_ENGINES",
     "ToyTokenizer",
     "chi_square_pvalue",
+    "reference_greedy",
     "skip_unless_real_pair",
     "tiny_qwen",
     "toy_engine",
@@ -168,3 +169,13 @@ def chi_square_pvalue(counts: Mapping[tuple, int], exact: Mapping[tuple, float])
         expected = np.append(expected[~small], expected[small].sum())
         observed = np.append(observed[~small], observed[small].sum())
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+def reference_greedy(model: torch.nn.Module, ids: Sequence[int], n: int) -> list[int]:
+    """The model's own greedy continuation of ``ids`` (``n`` tokens) by plain full forwards, no cache: the
+    reference every speculative greedy decode must equal."""
+    seq = [int(t) for t in ids]
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids) :]

@@ -118,20 +118,12 @@ class HFBackend:
                 r.drop_pending()
             return
         old = {rid: b for b, rid in enumerate(self._order)}
+
+        def rebatch(t: torch.Tensor) -> torch.Tensor:  # kept rows in order; a new row starts as garbage
+            return torch.cat([t[old[rid] : old[rid] + 1] if rid in old else torch.zeros_like(t[:1]) for rid in live])
+
         for layer in self._layers():
-            parts = []
-            for rid in live:
-                if rid in old:
-                    parts.append(layer.keys[old[rid] : old[rid] + 1])
-                else:
-                    parts.append(torch.zeros_like(layer.keys[:1]))
-            vparts = []
-            for rid in live:
-                if rid in old:
-                    vparts.append(layer.values[old[rid] : old[rid] + 1])
-                else:
-                    vparts.append(torch.zeros_like(layer.values[:1]))
-            layer.keys, layer.values = torch.cat(parts), torch.cat(vparts)
+            layer.keys, layer.values = rebatch(layer.keys), rebatch(layer.values)
         self._order = live
 
     def _grow(self, n: int) -> None:
