@@ -9,7 +9,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["GenerationResult", "Metrics", "SamplingConfig", "SpeculativeEngine", "generate", "load_engine"]
+__all__ = [
+    "Engine",
+    "GenerationResult",
+    "Metrics",
+    "Request",
+    "SamplingConfig",
+    "Scheduler",
+    "SpeculativeEngine",
+    "generate",
+    "load_engine",
+    "rules",
+]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -18,11 +29,16 @@ _LAZY = {
     "GenerationResult": "engine",
     "Metrics": "engine",
     "SpeculativeEngine": "engine",
+    "Engine": "engine",
+    "Request": "engine",
+    "Scheduler": "scheduler",
     "SamplingConfig": "processors",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "rules":
+        return importlib.import_module(".rules", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'verispec' has no attribute {name!r}")
