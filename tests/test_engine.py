@@ -209,6 +209,18 @@ def test_eos_inside_accepted_block_ends_output(pair):
     out = eng.generate([1, 2, 3], sampling=GREEDY, gamma=6, max_new_tokens=20)
     assert out.token_ids == ref[: first + 1]
     assert out.finish_reason == "stop"
+    # BE counts only accepted drafts that were emitted: with draft = target all 6 drafts of the round are
+    # accepted, but the EOS is itself the 3rd of them and the drafts after it are cut
+    m = out.metrics
+    assert first == 2 and (m.rounds, m.accepted, m.drafted) == (1, 6, 6)
+    assert m.emitted_accepted == len(out.token_ids) == 3 < m.accepted
+    assert m.block_efficiency == pytest.approx(3.0)
+    from verispec.drafters import TreeDrafter
+
+    tree = SpeculativeEngine(HFBackend(target), TreeDrafter(HFBackend(target), depth=6, top_k=2),
+                             eos_token_ids=[eos, 999])
+    tm = tree.generate([1, 2, 3], sampling=GREEDY, max_new_tokens=20).metrics
+    assert (tm.accepted, tm.emitted_accepted, tm.rounds) == (6, 3, 1) and tm.block_efficiency == pytest.approx(3.0)
 
 
 def test_stop_string_inside_block(pair):
