@@ -356,3 +356,22 @@ def test_with_revalidates():
     assert cfg.with_(top_k=5).top_k == 5
     with pytest.raises(ValueError, match="top_k"):
         cfg.with_(top_k=0)
+
+
+def test_history_penalties_follow_openai_and_hf():
+    """Frequency / presence penalties count generated tokens only (OpenAI, vLLM); the repetition penalty counts
+    prompt and generated tokens (Hugging Face). A prompt-only token is hit by repetition, not by frequency."""
+    from verispec.processors import History
+
+    h = History.of([0, 0, 1], [2, 2], 4)
+    assert h.all.tolist() == [2, 1, 2, 0] and h.generated.tolist() == [0, 0, 2, 0]
+    logits = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    freq = apply_penalties(logits, h, SamplingConfig(frequency_penalty=0.5, presence_penalty=0.25))
+    assert freq.tolist() == [1.0, 1.0, 1.0 - 1.0 - 0.25, 1.0]
+    rep = apply_penalties(logits, h, SamplingConfig(repetition_penalty=2.0))
+    assert rep.tolist() == [0.5, 0.5, 0.5, 1.0]
+    rows = h.prefixes([3, 2])
+    assert rows.generated.tolist() == [[0, 0, 2, 0], [0, 0, 2, 1], [0, 0, 3, 1]]
+    assert rows.all[:, 0].tolist() == [2, 2, 2]
+    ext = h.extended([3])
+    assert ext.generated[3] == 1 and h.generated[3] == 0  # a copy

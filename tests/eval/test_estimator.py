@@ -189,3 +189,22 @@ def test_estimate_run_end_to_end_on_a_toy_sweep(tmp_path):
     # a second call reuses the log: no engine is built
     estimate_run(run_dir, top_k=None, max_per_setting=2,
                  engine_factory=lambda c: pytest.fail("the distributions are cached"))
+
+
+def test_logged_p_uses_the_engines_penalty_history(pair):
+    """With frequency and presence penalties the logged p_t equals the engine's: penalties over the
+    generated tokens only (the prompt's tokens are not penalized by them)."""
+    from verispec.processors import History, SamplingConfig, process
+
+    target, draft = pair
+    cfg = SamplingConfig(temperature=1.0, frequency_penalty=0.7, presence_penalty=0.3)
+    prompt, cont = [5, 5, 5, 9], [5, 1, 5, 2]
+    log = log_distributions(target, draft, [("a", prompt, cont)], cfg, top_k=None).trajectories[0]
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt + cont])).logits[0].float()
+    for t in range(len(cont)):
+        want = process(logits[len(prompt) - 1 + t], cfg, History.of(prompt, cont[:t], logits.shape[-1]))
+        assert torch.allclose(log.p[t], want, atol=1e-6)
+    # and not the old reading that counted the prompt's tokens too
+    old = process(logits[len(prompt) - 1], cfg, History.of([], prompt, logits.shape[-1]))
+    assert (log.p[0] - old).abs().max() > 1e-3

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 from ..analysis import induced_distribution, kl, tv
-from ..processors import SamplingConfig, history_counts, process
+from ..processors import History, SamplingConfig, process
 from ..rules import Rule, get, matched_baseline
 from .metrics import record_emitted_accepted
 
@@ -191,13 +191,12 @@ def log_distributions(
         v = lp.shape[-1]
         out.vocab_size = v
         rows = None
-        if sampling.uses_history:
-            base = torch.zeros(v, dtype=torch.long)
-            base.index_add_(0, torch.tensor(prompt), torch.ones(len(prompt), dtype=torch.long))
-            rows = history_counts(base, torch.tensor(cont))[:n]
+        if sampling.uses_history:  # the engine's penalty histories (History: repetition over prompt + output,
+            # frequency / presence over the output only), one per position of the continuation
+            rows = History.of(prompt, [], v).prefixes(cont[:-1])  # position t conditions on cont[:t]
         ps, qs, idxs = [], [], []
         for i in range(0, n, chunk):
-            r = None if rows is None else rows[i:i + chunk]
+            r = None if rows is None else History(rows.all[i:i + chunk], rows.generated[i:i + chunk])
             p = process(lp[i:i + chunk], sampling, r)
             q = process(lq[i:i + chunk], sampling, r)
             a, b, ix = _compress(p, q, top_k)
