@@ -192,3 +192,21 @@ def test_backend_rows_join_leave_and_compact(pair):
         with torch.no_grad():
             fresh = target(torch.tensor([hist[r]])).logits[0, -1]
         assert (got - fresh).abs().max() < 1e-4
+
+
+def test_waiting_requests_hold_no_cache_rows(pair):
+    """Only admitted rows take part in the batched forwards: with 6 requests and max_batch 2 the target never
+    holds more than 2 rows, and a request cancelled while waiting never runs."""
+    target, draft = pair
+    eng = Engine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    sched = Scheduler(eng, max_batch=2)
+    hs = [sched.submit(Request(p, sampling=GREEDY, max_new_tokens=6, gamma=2)) for p in _prompts(6, seed=5)]
+    assert eng.target.num_rows == 0
+    sched.cancel(hs[5])
+    peak = 0
+    while not sched.idle:
+        sched.step()
+        peak = max(peak, eng.target.num_rows)
+    assert peak == 2
+    assert hs[5].result.finish_reason == "cancelled" and hs[5].result.token_ids == []
+    assert all(h.result.finish_reason == "length" for h in hs[:5])

@@ -228,8 +228,9 @@ class Engine:
         return list(self.tokenizer(prompt)["input_ids"])
 
     # -- rows ------------------------------------------------------------------------------------------------
-    def start(self, req: Request) -> Row:
-        """Validate a request and allocate its row in the target and the drafter (raises ValueError)."""
+    def prepare(self, req: Request) -> tuple[Rule, SamplingConfig, list[int]]:
+        """Validate a request without allocating anything: (rule, sampling config, prompt ids); raises
+        ValueError naming the problem. A scheduler calls this at submission and :meth:`start` at admission."""
         cfg = req.sampling or SamplingConfig()
         rule = get(req.rule) if isinstance(req.rule, str) else req.rule
         if not isinstance(rule, Rule):
@@ -243,7 +244,12 @@ class Engine:
             raise ValueError("stop must be a list of strings, not a string")
         if req.greedy_lossy not in ("reference", "onehot"):
             raise ValueError(f"greedy_lossy must be 'reference' or 'onehot', got {req.greedy_lossy!r}")
-        prompt_ids = self._check_prompt(req.prompt, req.chat)
+        return rule, cfg, self._check_prompt(req.prompt, req.chat)
+
+    def start(self, req: Request, prepared: tuple[Rule, SamplingConfig, list[int]] | None = None) -> Row:
+        """Validate a request (unless ``prepared`` by :meth:`prepare`) and allocate its row in the target and the
+        drafter: from now on the row takes part in every batched forward until :meth:`release`."""
+        rule, cfg, prompt_ids = prepared if prepared is not None else self.prepare(req)
         key = self._next_key
         self._next_key += 1
         row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, self.target.add_row())

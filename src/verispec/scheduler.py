@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .engine import Engine, GenerationResult, Request, Row
+from .engine import Engine, GenerationResult, Metrics, Request, Row
 
 __all__ = ["Handle", "Scheduler"]
 
@@ -35,6 +35,7 @@ class Handle:
     cancelled: bool = False
     row: Row | None = None
     done_event: threading.Event = field(default_factory=threading.Event)
+    prepared: tuple | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -62,10 +63,12 @@ class Scheduler:
         return len(self.waiting)
 
     def submit(self, request: Request, on_tokens: TokenCallback | None = None) -> Handle:
-        """Validate and enqueue; raises ValueError naming the problem for bad input."""
-        row = self.engine.start(request)  # validation + cache rows; released again if never admitted
+        """Validate and enqueue; raises ValueError naming the problem for bad input. The request holds no cache
+        row while it waits (waiting rows would otherwise ride along in every batched forward)."""
+        prepared = self.engine.prepare(request)
         with self._lock:
-            h = Handle(self._next, request, on_tokens, row=row)
+            h = Handle(self._next, request, on_tokens)
+            h.prepared = prepared
             self._next += 1
             self.waiting.append(h)
         return h
@@ -80,8 +83,11 @@ class Scheduler:
             self.engine.release(h.row)
             if h.result is None and h.error is None:
                 h.result = self.engine.result(h.row)
-                if h.cancelled:
-                    h.result.finish_reason = "cancelled"
+        elif h.result is None:  # cancelled while waiting: it never ran
+            h.result = GenerationResult("", [], "cancelled", Metrics())
+        finished_by_itself = h.row is not None and h.row.done
+        if h.cancelled and h.error is None and not finished_by_itself:
+            h.result.finish_reason = "cancelled"  # type: ignore[union-attr]
         h.done_event.set()
 
     def step(self) -> list[tuple[Handle, list[int]]]:
@@ -94,7 +100,15 @@ class Scheduler:
                 self.running.remove(h)
                 self._retire(h)
             while self.waiting and len(self.running) < self.max_batch:
-                self.running.append(self.waiting.popleft())
+                h = self.waiting.popleft()
+                try:
+                    h.row = self.engine.start(h.request, h.prepared)
+                except Exception as exc:  # e.g. the context filled up meanwhile: this request fails alone
+                    h.error = f"{type(exc).__name__}: {exc}"
+                    h.result = GenerationResult("", [], "error", Metrics(), error=h.error)
+                    self._retire(h)
+                    continue
+                self.running.append(h)
             batch = list(self.running)
         if not batch:
             return []
