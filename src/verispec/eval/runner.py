@@ -120,7 +120,8 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
         return toy_engine(cfg)
     from ..api import load_engine
 
-    return load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads)
+    return load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads,
+                       target_backend=cfg.target_backend)
 
 
 # --------------------------------------------------------------------------------------------- results I/O
