@@ -106,10 +106,17 @@ def test_contract_face_and_errors(shared, ids):
     assert b.cached_tokens(r) == ids[:5]
     with pytest.raises(ValueError, match="does not exist"):
         b.score([ScoreRequest(r + 100, ids[:5])])
-    rows = [b.add_row() for _ in range(3)]
-    with pytest.raises(ValueError, match="rows are in use"):
-        b.add_row()
-    for x in rows + [r]:
+    # rows take a llama.cpp sequence at their first score: any number may wait, max_rows (4) may be scored
+    rows = [b.add_row() for _ in range(5)]
+    with pytest.raises(ValueError, match="3 free llama.cpp sequences"):
+        b.score([ScoreRequest(x, ids[:3]) for x in rows[:4]])  # r holds one: 3 left
+    b.score([ScoreRequest(x, ids[:3]) for x in rows[:3]])
+    with pytest.raises(ValueError, match="more than max_rows"):
+        b.score([ScoreRequest(rows[3], ids[:3])])
+    b.remove_row(rows[0])  # gives its sequence back
+    b.score([ScoreRequest(rows[3], ids[:3])])
+    assert b.cached_tokens(rows[3]) == ids[:3] and b.cached_tokens(rows[4]) == []
+    for x in rows[1:] + [r]:
         b.remove_row(x)
     assert b.num_rows == 0
     with pytest.raises(ValueError):

@@ -113,56 +113,67 @@ N_SEQ = 1200
 ALPHA = 1e-4
 
 
-def _exact_law(target: LlamaCppBackend, prompt: list[int], cfg: SamplingConfig, length: int) -> dict:
-    """The target's own law of ``length``-token continuations: product of its processed next-token distributions,
-    each computed by llama.cpp with the continuation so far as one block after the prompt."""
+def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig):
+    """prefix -> the backend's processed next-token distribution (float64), one row per call, cached."""
     from verispec.processors import process
 
-    law: dict[tuple[int, ...], float] = {}
-    row = target.add_row()
+    row, cache = backend.add_row(), {}
 
-    def walk(prefix: tuple[int, ...], prob: float) -> None:
-        if len(prefix) == length:
-            law[prefix] = prob
-            return
-        p = process(target.score([ScoreRequest(row, prompt + list(prefix))])[0][0], cfg)
-        for tok in torch.nonzero(p > 0).flatten().tolist():
-            walk(prefix + (tok,), prob * float(p[tok]))
+    def fn(prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in cache:
+            cache[prefix] = process(backend.score([ScoreRequest(row, list(prefix))])[0][0], cfg).double()
+        return cache[prefix]
 
-    walk((), 1.0)
-    target.remove_row(row)
-    return law
+    return fn
 
 
 @pytest.mark.slow
 def test_sampled_law_is_the_llamacpp_target_law(engine):
     """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 3),
-    whole 2-token continuations: chi-square goodness of fit to the target's exact law, N = 1200 continuations,
-    alpha = 1e-4, bins with expected count < 5 pooled, hard failure on a zero-probability sample, seeds 0..N-1.
-    The same test with the wrong rule (naive resampling) must reject (shows the test can fail)."""
+    whole 2-token continuations: chi-square goodness of fit to the target's exact law (its own processed
+    llama.cpp distributions), N = 1200 continuations (seeds 0..N-1, 6 rows per batch), alpha = 1e-4, bins with
+    expected count < 5 pooled, hard failure on a zero-probability sample. The test can fail: the exact law of the
+    wrong rule (naive resampling) on the same pair is far enough that this N rejects it with power > 0.99."""
+    from scipy.stats import chi2, ncx2
+
+    from verispec.analysis import sequence_distribution
+
     cfg = SamplingConfig(temperature=1.0, top_k=3)
-    prompt = engine.encode("Name a prime number.", chat=True)
-    exact = _exact_law(engine.target, prompt, cfg, 2)
-    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-5) and len(exact) <= 9
+    prompt = tuple(engine.encode("Name a prime number.", chat=True))
     d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
+    p_fn = _dist_fn(engine.target, cfg)
+    q_fn = _dist_fn(d.backend, cfg)
+    exact = sequence_distribution("lossless", p_fn, q_fn, 2, 2, prompt)
+    plain = sequence_distribution("lossless", p_fn, None, 2, 2, prompt)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9) and len(exact) <= 9
+    assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-9  # lossless: the target's own law
+    naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 2, prompt)
+    keys = sorted(exact, key=lambda k: -exact[k])
+    e = np.array([exact[k] for k in keys])
+    big = [k for k in keys if exact[k] * N_SEQ >= 5]  # the bins the chi-square below keeps (the rest pooled)
+    e_b = np.array([exact[k] for k in big] + [1 - sum(exact[k] for k in big)])
+    n_b = np.array([naive.get(k, 0.0) for k in big] + [1 - sum(naive.get(k, 0.0) for k in big)])
+    if e_b[-1] <= 1e-12:
+        e_b, n_b = e_b[:-1], n_b[:-1]
+    df = len(e_b) - 1
+    noncentrality = N_SEQ * float(((n_b - e_b) ** 2 / e_b).sum())
+    power = float(ncx2.sf(chi2.isf(ALPHA, df), df, noncentrality))
+    assert power > 0.99, f"naive resampling would not be detected (power {power:.3f})"
+
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
-    pvalues = {}
-    for rule in ("lossless", "naive-resample"):
-        counts: dict[tuple[int, ...], int] = {}
-        outs = spec.generate([prompt] * N_SEQ, rule=rule, sampling=cfg, gamma=2, max_new_tokens=2,
-                             seed=list(range(N_SEQ)), batch_size=8)
-        for out in outs:
-            key = tuple(out.token_ids)
-            assert out.error is None
-            assert exact.get(key, 0.0) > 0, f"{rule}: sampled a zero-probability continuation {key}"
-            counts[key] = counts.get(key, 0) + 1
-        keys = sorted(exact, key=lambda k: -exact[k])
-        expected = np.array([exact[k] * N_SEQ for k in keys])
-        observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-        small = expected < 5
-        if small.any():
-            expected = np.append(expected[~small], expected[small].sum())
-            observed = np.append(observed[~small], observed[small].sum())
-        pvalues[rule] = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
-    assert pvalues["lossless"] > ALPHA, pvalues
-    assert pvalues["naive-resample"] < ALPHA, pvalues
+    outs = spec.generate([list(prompt)] * N_SEQ, sampling=cfg, gamma=2, max_new_tokens=2, seed=list(range(N_SEQ)),
+                         batch_size=6)
+    counts: dict[tuple[int, ...], int] = {}
+    for out in outs:
+        key = tuple(out.token_ids)
+        assert out.error is None
+        assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
+        counts[key] = counts.get(key, 0) + 1
+    expected = e * N_SEQ
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"

@@ -93,7 +93,7 @@ def _silence_logs() -> None:
 
 @dataclass
 class _Row:
-    seq: int  # the llama.cpp sequence id holding this row's cells
+    seq: int | None = None  # the llama.cpp sequence id holding this row's cells (bound at its first score)
     tokens: list[int] = field(default_factory=list)  # history tokens with KV (positions 0..len-1)
     pending: list[int] = field(default_factory=list)  # pending chain proposal nodes (positions after history)
 
@@ -205,19 +205,24 @@ class LlamaCppBackend:
 
     # -- rows ------------------------------------------------------------------------------------------------
     def add_row(self) -> int:
-        if not self._free_seqs:
-            raise ValueError(f"all {self.max_rows} rows are in use (LlamaCppBackend(max_rows=...))")
+        """A new empty row. It takes one of the ``max_rows`` llama.cpp sequences at its first :meth:`score`
+        (rows queued by a scheduler hold none), and gives it back in :meth:`remove_row`."""
         rid = self._next_id
         self._next_id += 1
-        self._rows[rid] = _Row(self._free_seqs.pop(0))
+        self._rows[rid] = _Row()
         return rid
 
     def remove_row(self, row: int) -> None:
         r = self._row(row)
-        _llama.llama_memory_seq_rm(self._mem, r.seq, -1, -1)
         del self._rows[row]
-        self._free_seqs.append(r.seq)
-        self._free_seqs.sort()
+        if r.seq is not None:
+            _llama.llama_memory_seq_rm(self._mem, r.seq, -1, -1)
+            self._free_seqs.append(r.seq)
+            self._free_seqs.sort()
+
+    def _bind(self, r: _Row) -> None:
+        if r.seq is None:
+            r.seq = self._free_seqs.pop(0)
 
     def cached_tokens(self, row: int) -> list[int]:
         return list(self._row(row).tokens)
@@ -286,6 +291,13 @@ class LlamaCppBackend:
                 raise ValueError(f"row {req.row} appears twice in one score call")
             seen.add(req.row)
             plans.append(self._plan(req))
+        unbound = [self._rows[q.row] for q in requests if self._rows[q.row].seq is None]
+        if len(unbound) > len(self._free_seqs):
+            raise ValueError(f"more than max_rows={self.max_rows} rows scored at once: {len(unbound)} new rows but "
+                             f"only {len(self._free_seqs)} free llama.cpp sequences (remove finished rows, or raise "
+                             "LlamaCppBackend(max_rows=...))")
+        for r in unbound:
+            self._bind(r)
         # sync every row (exact rollback), then lay the batch out: per token (token, pos, seq, wants logits)
         entries: list[tuple[int, int, int, bool]] = []
         outs: list[np.ndarray] = []
