@@ -100,7 +100,8 @@ def test_best_gamma_with_curve():
 
 def test_adaptive_gamma_with_curve_learns_unit_cost_and_falls_back():
     s = AdaptiveGamma(gamma_max=8, target_cost=curve)
-    assert s.choose() == 8  # nothing measured yet
+    # nothing measured yet: the best gamma for free drafts at the prior alpha 0.7 (gamma 1: 1.7 / 1.6 tokens per step)
+    assert s.choose() == best_gamma(0.7, 8, curve) == 1
     s.update(drafted=8, accepted=8, draft_s=0.0, target_s=10.0)  # first round: prefill times are ignored
     assert s.c_target is None and s.c_draft is None and s.updates == 1
     for g in (1, 4, 8, 3):  # target time follows the curve with 30 ms per step: the unit cost comes out exactly

@@ -143,7 +143,7 @@ class AdaptiveGamma:
     def best(self) -> int:
         """The gamma maximising expected tokens per second under the current estimates (no probing)."""
         if self.c_draft is None or self.c_target is None:
-            return self.gamma_max
+            return self.initial()
         best, best_rate = 0, 0.0
         for g in range(self.gamma_max + 1):
             cost = self.round_cost(g)
@@ -152,9 +152,17 @@ class AdaptiveGamma:
                 best, best_rate = g, rate
         return best
 
+    def initial(self) -> int:
+        """gamma before both costs are measured: the longest draft for a constant target cost (measure first);
+        with a block-cost curve, the best gamma for free drafts at the prior alpha (a short, cheap first probe,
+        since a draft that costs as much as the target makes any long first block a loss)."""
+        if self.target_cost is None:
+            return self.gamma_max
+        return best_gamma(self.alpha, self.gamma_max, self.target_cost)
+
     def choose(self) -> int:
         if self.c_draft is None or self.c_target is None:
-            return self.gamma_max  # measure first
+            return self.initial()
         g = self.best()
         if g > 0:
             self._zeros, self._interval = 0, self.probe_every
