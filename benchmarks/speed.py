@@ -21,13 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from verispec.tree_engine import TreeEngine
 
 from verispec import SamplingConfig, load_engine, models
 from verispec.api import _llamacpp_backend
 from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.eval.tasks import get_task
-from verispec.tree_engine import TreeEngine
 
 
 @dataclass

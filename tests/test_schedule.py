@@ -8,7 +8,14 @@ from verispec.backends.hf import HFBackend
 from verispec.drafters import ModelDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.processors import SamplingConfig
-from verispec.schedule import AdaptiveGamma, expected_tokens
+from verispec.schedule import (
+    AdaptiveGamma,
+    best_gamma,
+    break_even_alpha,
+    expected_tokens,
+    interpolate_costs,
+    speedup,
+)
 from verispec.testing import tiny_qwen
 
 
@@ -46,3 +53,105 @@ def test_auto_gamma_keeps_greedy_exact():
     for prompt in ([1, 2, 3], [7, 7, 7, 7], [40, 2, 9, 13, 5]):
         ref = plain.generate(prompt, sampling=greedy, gamma=0, max_new_tokens=30).token_ids
         assert spec.generate(prompt, sampling=greedy, gamma="auto", max_new_tokens=30).token_ids == ref
+
+
+# -- block-cost curves (CPU targets): break-even, best gamma, fallback to target-only, probing -------------------
+
+# llama.cpp's measured block costs on this project's CPU (issue 11), k tokens in single-step units
+CURVE = {1: 1.0, 2: 1.6, 4: 2.6, 6: 3.7, 8: 4.5, 12: 5.7}
+
+
+def curve(k: int) -> float:
+    return interpolate_costs(CURVE, k)
+
+
+def test_interpolated_curve():
+    assert [curve(k) for k in (1, 2, 3, 4, 5, 12)] == pytest.approx([1.0, 1.6, 2.1, 2.6, 3.15, 5.7])
+    assert curve(16) == pytest.approx(5.7 + 4 * (5.7 - 4.5) / 4)  # linear past the last point
+    with pytest.raises(ValueError):
+        curve(0)
+
+
+def test_speedup_and_break_even_closed_forms():
+    # gamma 1, free drafts: (1 + alpha) / 1.6 >= 1  <=>  alpha >= 0.6
+    assert break_even_alpha(1, curve) == pytest.approx(0.6, abs=1e-6)
+    # gamma 3: 1 + a + a^2 + a^3 = curve(4) = 2.6
+    a = break_even_alpha(3, curve)
+    assert 1 + a + a**2 + a**3 == pytest.approx(2.6, abs=1e-6)
+    # a draft token costing 0.8 steps (the 0.5B GGUF vs the 1.5B one): gamma 1 needs (1 + a) / 2.4 >= 1: never
+    assert break_even_alpha(1, curve, draft_cost=0.8) is None
+    assert speedup(0.0, 0, curve) == 1.0 and speedup(1.0, 0, curve) == 1.0
+    assert speedup(0.0, 4, curve) == pytest.approx(1 / 3.15)
+    # the GPU picture (constant target cost): any alpha > 0 pays with free drafts
+    assert speedup(0.5, 2) == pytest.approx(1.75) and break_even_alpha(1) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError):
+        break_even_alpha(0, curve)
+    with pytest.raises(ValueError):
+        speedup(1.5, 1)
+
+
+def test_best_gamma_with_curve():
+    assert best_gamma(0.5, 8, curve) == 0  # below every break-even: target-only
+    assert best_gamma(0.0, 8) == 0
+    g = best_gamma(0.9, 8, curve)
+    assert g > 0 and speedup(0.9, g, curve) == max(speedup(0.9, h, curve) for h in range(9))
+    assert best_gamma(0.99, 8, curve, draft_cost=0.8) == 0  # an expensive draft never pays on this curve
+
+
+def test_adaptive_gamma_with_curve_learns_unit_cost_and_falls_back():
+    s = AdaptiveGamma(gamma_max=8, target_cost=curve)
+    # nothing measured yet: the best gamma for free drafts at the prior alpha 0.7 (gamma 1: 1.7 / 1.6 tokens per step)
+    assert s.choose() == best_gamma(0.7, 8, curve) == 1
+    s.update(drafted=8, accepted=8, draft_s=0.0, target_s=10.0)  # first round: prefill times are ignored
+    assert s.c_target is None and s.c_draft is None and s.updates == 1
+    for g in (1, 4, 8, 3):  # target time follows the curve with 30 ms per step: the unit cost comes out exactly
+        s.update(drafted=g, accepted=0, draft_s=0.0, target_s=0.030 * curve(g + 1))
+    assert s.c_target == pytest.approx(0.030) and s.c_draft == pytest.approx(0.0)
+    for _ in range(60):  # an n-gram drafter that is always wrong: alpha -> 0, fall back to gamma 0
+        s.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.030 * curve(5))
+    assert s.alpha < 0.01 and s.best() == 0 and s.choose() == 0
+    # same acceptance under a constant target cost (no curve) and free drafts: drafting still "pays"
+    flat = AdaptiveGamma(gamma_max=8)
+    for _ in range(60):
+        flat.update(drafted=4, accepted=3, draft_s=0.0, target_s=0.030)
+    assert flat.choose() == 8
+    hi = AdaptiveGamma(gamma_max=8, target_cost=curve)
+    for _ in range(60):
+        hi.update(drafted=6, accepted=6, draft_s=0.0, target_s=0.030 * curve(7))
+    assert hi.choose() == best_gamma(hi.alpha, 8, curve) > 0
+
+
+def test_probing_backs_off_exponentially():
+    """At gamma 0 the schedule probes once after 16 rounds, then 32, 64, ... up to probe_max: N = 2000 rounds
+    hold 16 + 32 + 64 + 128 + 256 * k rounds; count the probes exactly."""
+    s = AdaptiveGamma(gamma_max=8, target_cost=curve, probe_every=16, probe_max=256)
+    for _ in range(3):
+        s.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1)
+    assert s.best() == 0
+    picks = []
+    for _ in range(2000):
+        g = s.choose()
+        picks.append(g)
+        s.update(drafted=g, accepted=0, draft_s=0.0, target_s=0.1 * curve(g + 1))  # every probe fails
+    probe_rounds = [i for i, g in enumerate(picks) if g > 0]
+    gaps = [b - a for a, b in zip([-1] + probe_rounds, probe_rounds, strict=False)]
+    assert gaps[:5] == [16, 32, 64, 128, 256] and set(gaps[4:]) == {256}
+    assert s.probes == len(probe_rounds) == 4 + (2000 - 240) // 256
+    # a probe that finds drafting paying again resets the interval
+    s2 = AdaptiveGamma(gamma_max=8, target_cost=curve, probe_every=4, probe_max=64, decay=1.0)
+    s2.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1)
+    s2.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1 * curve(5))
+    assert [s2.choose() for _ in range(3)] == [0, 0, 0]
+    g = s2.choose()
+    assert g > 0
+    s2.update(drafted=g, accepted=g, draft_s=0.0, target_s=0.1 * curve(g + 1))  # all accepted: alpha -> 0.999
+    assert s2.choose() > 0 and s2._interval == 4
+
+
+def test_curve_validation():
+    with pytest.raises(ValueError):
+        AdaptiveGamma(target_cost=lambda k: 0.0)
+    with pytest.raises(ValueError):
+        AdaptiveGamma(probe_every=0)
+    with pytest.raises(ValueError):
+        AdaptiveGamma(alpha=2.0)

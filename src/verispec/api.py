@@ -8,14 +8,16 @@ from collections.abc import Sequence
 import torch
 
 from . import models
+from .backends.base import common_prefix_len
 from .backends.hf import HFBackend
 from .config import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
+from .config import target_backend as check_target_backend
 from .drafters import BaseDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
 from .engine import Engine, GenerationResult
 from .processors import SamplingConfig
 from .rules import Rule, get
 
-__all__ = ["DRAFTERS", "ENGINES", "EngineCache", "build_drafter", "generate", "load_engine"]
+__all__ = ["DRAFTERS", "ENGINES", "EngineCache", "build_drafter", "generate", "load_engine", "load_llamacpp_target"]
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: object, name: str) -> list[int]:
@@ -28,23 +30,90 @@ def _eos_ids(model: torch.nn.Module, tokenizer: object, name: str) -> list[int]:
     return sorted(ids)
 
 
-def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, threads: int | None) -> object:
-    """A llama.cpp backend on the draft's GGUF (a registered name's assembled GGUF, or a ``.gguf`` path)."""
+def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, threads: int | None,
+                      n_threads: int | None = None) -> object:
+    """A llama.cpp backend on the draft's GGUF (a registered name's assembled GGUF, or a ``.gguf`` path).
+
+    ``n_threads`` (llama.cpp threads) defaults to half of ``threads`` (at least 1): with a transformers target,
+    llama.cpp's threads spin-wait on each other and stall when they share the cores with torch's.
+    """
     from .backends.llamacpp import LlamaCppBackend
 
     if draft is None:
         raise ValueError("a llama.cpp drafter needs a draft model")
-    key = os.fspath(draft)
+    path, _ = _gguf_of(draft, "drafter")
+    if n_threads is None:
+        n_threads = 1 if threads is None else max(1, threads // 2)
+    return LlamaCppBackend(path, n_threads=n_threads, vocab_size=vocab_size)
+
+
+#: a text with code, unicode, CJK and emoji on which a llama.cpp target's ids must equal the HF tokenizer's
+_TOKENIZER_PROBE = "def f(x):\n    return x ** 2  # Grüße, 你好, 😀 <|im_end|>\n\tprint('done')"
+
+
+def _gguf_of(name: str | os.PathLike[str], role: str) -> tuple[str, bool]:
+    """(GGUF path, registered?) of a registered model name or a ``.gguf`` file."""
+    key = os.fspath(name)
     if key in models.REGISTRY:
         path = models.gguf_path(key)
         if not path.is_file():
             raise models.ModelNotInstalledError(f"{path} missing: run `verispec models install {key}`")
-    elif key.endswith(".gguf"):
-        path = key
+        return os.fspath(path), True
+    if key.endswith(".gguf"):
+        if not os.path.isfile(key):
+            raise FileNotFoundError(f"GGUF file not found: {key}")
+        return key, False
+    raise ValueError(f"a llama.cpp {role} needs a registered model name or a .gguf file, got {key!r}")
+
+
+def load_llamacpp_target(
+    target: str | os.PathLike[str] = models.DEFAULT_TARGET,
+    threads: int | None = None,
+    n_ctx: int = 4096,
+    max_rows: int = 8,
+) -> tuple[object, object, object, list[int]]:
+    """The target's GGUF in llama.cpp: ``(backend, HF tokenizer, config with vocab_size, eos ids)``.
+
+    ``target``: a registered name (its assembled GGUF; tokenizer, config and eos from its converted HF
+    directory) or a ``.gguf`` path (tokenizer read from the GGUF by transformers; eos from llama.cpp's vocab).
+    The HF tokenizer must give llama.cpp's ids on a probe text, else :class:`models.VocabularyMismatchError`.
+    """
+    from types import SimpleNamespace
+
+    from .backends.llamacpp import LlamaCppBackend
+
+    path, registered = _gguf_of(target, "target")
+    if registered:
+        from transformers import AutoConfig, GenerationConfig
+
+        hf_dir = models.resolve(target)
+        tok = models.load_tokenizer(target)
+        config = AutoConfig.from_pretrained(hf_dir)
+        try:
+            gen = GenerationConfig.from_pretrained(hf_dir)
+        except OSError:
+            gen = None
+        vocab = int(config.vocab_size)
     else:
-        raise ValueError("a llama.cpp drafter needs a registered draft name or a .gguf file")
-    # one llama.cpp thread: its threads spin-wait on each other and stall when they share 2 cores with torch
-    return LlamaCppBackend(path, n_threads=1 if threads is None else max(1, threads // 2), vocab_size=vocab_size)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+        gen, vocab = None, 0
+    backend = LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads or 2, max_rows=max_rows,
+                              vocab_size=None if vocab <= 0 else vocab)
+    if registered and backend.n_vocab > vocab:
+        raise models.VocabularyMismatchError(f"{path} has {backend.n_vocab} tokens, its HF config {vocab}")
+    hf_ids = list(tok(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
+    lc_ids = backend.tokenize(_TOKENIZER_PROBE)
+    if hf_ids != lc_ids:
+        raise models.VocabularyMismatchError(
+            f"the HF tokenizer and llama.cpp tokenize a probe text differently ({len(hf_ids)} vs {len(lc_ids)} ids, "
+            f"first difference at {common_prefix_len(hf_ids, lc_ids)}): {path} does not match its tokenizer")
+    if not registered:
+        config = SimpleNamespace(vocab_size=backend.vocab_size)
+    eos = _eos_ids(SimpleNamespace(generation_config=gen), tok, os.fspath(target))
+    eos = sorted(set(eos) | set(backend.eos_ids()))
+    return backend, tok, config, eos
 
 
 def build_drafter(
@@ -56,10 +125,13 @@ def build_drafter(
     threads: int | None = None,
     tree: dict | None = None,
     device: str = "cpu",
+    draft_threads: int | None = None,
 ) -> BaseDrafter | None:
     """The drafter named ``drafter`` (see :data:`verispec.config.DRAFTERS`) on the ``draft`` model.
 
     ``tree``: :class:`~verispec.drafters.TreeDrafter` options (depth, top_k, budget, width, sample).
+    ``draft_threads``: llama.cpp threads of a llama.cpp draft (default: half of ``threads``, see
+    :func:`_llamacpp_backend`; with a llama.cpp target, which runs between the drafts, all of them).
     A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
     """
     spec = drafter_spec(drafter)
@@ -71,7 +143,8 @@ def build_drafter(
         models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
         backend = HFBackend(d_model)
     elif spec.draft_backend == "llamacpp":
-        backend = _llamacpp_backend(draft, target_config.vocab_size, threads)  # type: ignore[attr-defined]
+        backend = _llamacpp_backend(draft, target_config.vocab_size, threads,  # type: ignore[attr-defined]
+                                    draft_threads)
     if drafter == "none":
         return None
     if drafter == "ngram":
@@ -115,6 +188,7 @@ def load_engine(
     cache: bool = True,
     tree: dict | None = None,
     device: str = "cpu",
+    target_backend: str = "hf",
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
@@ -124,22 +198,39 @@ def load_engine(
     ``requirements-fast.txt``), "ngram" (prompt lookup), "ngram+model" / "ngram+llamacpp" (prompt lookup when
     the last tokens occurred before, else that draft) or "none" (target only). ``device``: where the
     transformers models run ("cpu", "cuda", "cuda:1", ...); verification always runs on the CPU in float64.
+
+    ``target_backend``: "hf" (transformers, the default: exact fp32 equality with transformers) or "llamacpp"
+    (the target's GGUF run by llama.cpp, see :func:`load_llamacpp_target`; ``dtype`` then applies to an HF draft
+    only). With a llama.cpp target the drafters' ``gamma="auto"`` uses its block-cost curve
+    (:meth:`~verispec.backends.llamacpp.LlamaCppBackend.block_cost`) and falls back to gamma 0 when drafting
+    does not pay. Token trees need tree attention, which the llama.cpp backend lacks: "tree" is refused.
     """
     if device != "cpu" and not device.startswith("cuda") and device != "mps":
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
     drafter_spec(drafter)
+    check_target_backend(target_backend)
+    if target_backend == "llamacpp" and drafter == "tree":
+        raise ValueError("drafter 'tree' needs a target with tree attention; the llama.cpp target has none")
     if threads:
         torch.set_num_threads(threads)
     key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
-           tuple(sorted((tree or {}).items())), device)
+           tuple(sorted((tree or {}).items())), device, target_backend)
     if cache and (hit := ENGINES.get(key)) is not None:
         return hit
-    t_model, tok = models.load_model(target, dtype=dtype, device=device)
-    eos = _eos_ids(t_model, tok, os.fspath(target))
-    draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device)
-    engine = Engine(HFBackend(t_model), draft_impl, tok, eos)
+    if target_backend == "llamacpp":
+        backend, tok, config, eos = load_llamacpp_target(target, threads)
+        draft_impl = build_drafter(drafter, draft, tok, config, dtype, threads, tree, device,
+                                   draft_threads=threads or 2)
+        if draft_impl is not None:
+            draft_impl.target_cost = backend.block_cost  # type: ignore[attr-defined]
+        engine = Engine(backend, draft_impl, tok, eos)  # type: ignore[arg-type]
+    else:
+        t_model, tok = models.load_model(target, dtype=dtype, device=device)
+        eos = _eos_ids(t_model, tok, os.fspath(target))
+        draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device)
+        engine = Engine(HFBackend(t_model), draft_impl, tok, eos)
     if cache:
         ENGINES.put(key, engine)
     return engine
@@ -167,6 +258,7 @@ def generate(
     seed: int = 0,
     chat: bool = False,
     dtype: str = "bfloat16",
+    target_backend: str = "hf",
 ) -> GenerationResult:
     """Speculative generation in one call; models are loaded once and kept for later calls.
 
@@ -183,7 +275,7 @@ def generate(
         presence_penalty=presence_penalty,
     )
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
-    engine = load_engine(target, draft, drafter, dtype)
+    engine = load_engine(target, draft, drafter, dtype, target_backend=target_backend)
     return engine.generate(  # type: ignore[return-value]
         prompt_or_ids,
         rule=rule_obj,

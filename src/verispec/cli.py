@@ -14,7 +14,7 @@ import math
 
 import click
 
-from .config import DEFAULT_TEMPERATURE, DRAFTERS
+from .config import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
 
 __all__ = ["main"]
 
@@ -251,6 +251,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--drafter", type=click.Choice([d for d in DRAFTERS if d != "none"]), default="model",
               show_default=True,
               help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values() if s.name != "none") + ".")
+@click.option("--target-backend", type=click.Choice(list(TARGET_BACKENDS)), default="hf", show_default=True,
+              help="; ".join(f"{k}: {v}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--tree-depth", default=4, show_default=True, type=click.IntRange(min=1),
               help="Tree depth when --gamma is not given.")
 @click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
@@ -275,8 +277,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
-             params: tuple[str, ...], drafter: str, tree_depth: int, tree_top_k: int, tree_budget: int | None,
-             no_draft: bool, gamma: str | None, temperature: float,
+             params: tuple[str, ...], drafter: str, target_backend: str, tree_depth: int, tree_top_k: int,
+             tree_budget: int | None, no_draft: bool, gamma: str | None, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
              stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, device: str, as_json: bool) -> None:
@@ -295,7 +297,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
                              presence_penalty=presence_penalty)
         tree = {"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget} if drafter == "tree" else None
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
-                             "none" if no_draft else drafter, dtype, threads, tree=tree, device=device)
+                             "none" if no_draft else drafter, dtype, threads, tree=tree, device=device,
+                             target_backend=target_backend)
         result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
                                  stop=list(stop), seed=seed, chat=chat)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_GAMMA", "DEFAULT_TEMPERATURE", "DRAFTERS", "DrafterSpec", "drafter_spec"]
+__all__ = ["DEFAULT_GAMMA", "DEFAULT_TEMPERATURE", "DRAFTERS", "TARGET_BACKENDS", "DrafterSpec", "drafter_spec",
+           "target_backend"]
 
 #: sampling temperature when none is given (the paper's experiments use 0.7)
 DEFAULT_TEMPERATURE = 0.7
@@ -44,3 +45,18 @@ def drafter_spec(name: str) -> DrafterSpec:
         return DRAFTERS[name]
     except KeyError:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}") from None
+
+
+#: what can run the target: "hf" (transformers; exact fp32 equality with transformers) or "llamacpp" (the
+#: target's GGUF run by llama.cpp via llama-cpp-python, requirements-fast.txt; raw logits, verispec samples)
+TARGET_BACKENDS: dict[str, str] = {
+    "hf": "transformers (default; exact fp32 equality with transformers)",
+    "llamacpp": "the target's GGUF run by llama.cpp (requirements-fast.txt); fastest on a CPU",
+}
+
+
+def target_backend(name: str) -> str:
+    """Validate a target backend name (see :data:`TARGET_BACKENDS`)."""
+    if name not in TARGET_BACKENDS:
+        raise ValueError(f"unknown target backend {name!r}; choose one of {', '.join(TARGET_BACKENDS)}")
+    return name

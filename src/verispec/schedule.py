@@ -2,13 +2,33 @@
 
 Model (the standard i.i.d. one of Leviathan et al.): each drafted token is accepted with probability alpha
 given the previous ones were, so a round with gamma drafts yields E[tokens] = sum_{i=0}^{gamma} alpha^i
-(bonus/correction included), and costs gamma * c_draft + c_target. alpha, c_draft and c_target are running
-averages of what the engine measures.
+(bonus/correction included), and costs gamma * c_draft + C_target(gamma). alpha, c_draft and the target's cost
+are running averages of what the engine measures.
+
+The target's cost. A round scores a block of k = gamma + 1 tokens (the last committed token and the drafts) in
+one call. On a GPU that costs about one decode step whatever k; on a CPU it grows with k (llama.cpp on this
+project's 2-core CPU: k=2: 1.6 steps, k=4: 2.6, k=8: 4.5, k=12: 5.7). With a *block-cost curve*
+``target_cost(k)`` (relative, ``target_cost(1) = 1``) the schedule uses C_target(gamma) = c_unit *
+target_cost(gamma + 1), with c_unit (seconds per single step) measured online as target_s / target_cost(k);
+without one it keeps the constant C_target(gamma) = c_target of the GPU picture.
+
+Never slower than target-only. gamma = 0 (target alone: E = 1 token for c_unit) is always a candidate, so when
+drafting does not pay the choice falls back to it. A row stuck at 0 would never measure alpha again, so every
+``probe_every`` rounds at 0 it probes once with the best gamma >= 1; each probe that does not change the decision
+doubles the interval (up to ``probe_max``), so the probes' cost vanishes when drafting keeps not paying.
+
+The first update of a schedule is taken to be the row's first round, whose target and draft times include the
+prompt's prefill: its times are not folded into the costs (its acceptance is).
 """
 
 from __future__ import annotations
 
-__all__ = ["AdaptiveGamma", "expected_tokens"]
+import bisect
+from collections.abc import Callable
+
+__all__ = ["AdaptiveGamma", "best_gamma", "break_even_alpha", "expected_tokens", "interpolate_costs", "speedup"]
+
+CostCurve = Callable[[int], float]
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -16,36 +36,165 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return sum(alpha**i for i in range(gamma + 1))
 
 
-class AdaptiveGamma:
-    """Running estimates + argmax over gamma in [0, gamma_max] of E[tokens](gamma) / cost(gamma)."""
+def interpolate_costs(points: dict[int, float], k: int) -> float:
+    """Piecewise-linear cost curve through ``points`` (k -> cost), extrapolated linearly past both ends."""
+    if k < 1:
+        raise ValueError(f"a block has at least one token, got k={k}")
+    ks = sorted(points)
+    if len(ks) == 1:
+        return points[ks[0]] * k / ks[0]
+    if k in points:
+        return float(points[k])
+    i = bisect.bisect_left(ks, k)
+    i = min(max(i, 1), len(ks) - 1)
+    k0, k1 = ks[i - 1], ks[i]
+    c0, c1 = points[k0], points[k1]
+    return float(c0 + (c1 - c0) * (k - k0) / (k1 - k0))
 
-    def __init__(self, gamma_max: int = 8, alpha: float = 0.7, decay: float = 0.1) -> None:
+
+def _check_curve(target_cost: CostCurve, k: int) -> float:
+    c = float(target_cost(k))
+    if not c > 0:
+        raise ValueError(f"target_cost({k}) must be > 0, got {c}")
+    return c
+
+
+def speedup(alpha: float, gamma: int, target_cost: CostCurve | None = None, draft_cost: float = 0.0) -> float:
+    """Expected tokens per unit time of gamma drafts per round, relative to target-only decoding.
+
+    ``target_cost(k)``: cost of scoring a k-token block, in single-step units (None: 1 for every k, the GPU
+    picture); ``draft_cost``: cost of one drafted token in the same units. Target-only (gamma = 0) is 1.
+    """
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    cost = (1.0 if target_cost is None else _check_curve(target_cost, gamma + 1)) + gamma * draft_cost
+    base = 1.0 if target_cost is None else _check_curve(target_cost, 1)
+    return expected_tokens(alpha, gamma) / cost * base
+
+
+def best_gamma(alpha: float, gamma_max: int, target_cost: CostCurve | None = None, draft_cost: float = 0.0) -> int:
+    """The gamma in [0, gamma_max] with the highest :func:`speedup` (the smallest one on ties)."""
+    best, best_s = 0, speedup(alpha, 0, target_cost, draft_cost)
+    for g in range(1, gamma_max + 1):
+        s = speedup(alpha, g, target_cost, draft_cost)
+        if s > best_s + 1e-12:
+            best, best_s = g, s
+    return best
+
+
+def break_even_alpha(gamma: int, target_cost: CostCurve | None = None, draft_cost: float = 0.0,
+                     tol: float = 1e-9) -> float | None:
+    """The smallest per-token acceptance alpha at which gamma drafts per round are as fast as target-only.
+
+    :func:`speedup` increases with alpha, so this is a bisection; None when even alpha = 1 does not pay.
+    """
+    if gamma < 1:
+        raise ValueError(f"break-even needs gamma >= 1, got {gamma}")
+    if speedup(1.0, gamma, target_cost, draft_cost) < 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if speedup(mid, gamma, target_cost, draft_cost) >= 1.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+class AdaptiveGamma:
+    """Running estimates + argmax over gamma in [0, gamma_max] of E[tokens](gamma) / cost(gamma).
+
+    ``target_cost``: the target's block-cost curve k -> cost in single steps (e.g. a backend's ``block_cost``);
+    None keeps a constant target cost per round. See the module docstring for probing and the first round.
+    """
+
+    def __init__(self, gamma_max: int = 8, alpha: float = 0.7, decay: float = 0.1,
+                 target_cost: CostCurve | None = None, probe_every: int = 16, probe_max: int = 256) -> None:
         if gamma_max < 0:
             raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not 0 <= alpha <= 1:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if not 1 <= probe_every <= probe_max:
+            raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every}, {probe_max}")
+        if target_cost is not None:
+            _check_curve(target_cost, 1)
         self.gamma_max, self.alpha, self.decay = gamma_max, alpha, decay
+        self.target_cost = target_cost
         self.c_draft: float | None = None  # seconds per drafted token
-        self.c_target: float | None = None  # seconds per target forward
+        self.c_target: float | None = None  # seconds per target forward (with a curve: per single step)
+        self.probe_every, self.probe_max = probe_every, probe_max
+        self._interval = probe_every
+        self._zeros = 0  # consecutive rounds that chose gamma 0
+        self.updates = 0
+        self.probes = 0
+
+    def round_cost(self, gamma: int) -> float:
+        """Estimated seconds of a round with ``gamma`` drafts (needs both costs measured)."""
+        if self.c_draft is None or self.c_target is None:
+            raise ValueError("costs not measured yet")
+        unit = self.c_target * (1.0 if self.target_cost is None else float(self.target_cost(gamma + 1)))
+        return gamma * self.c_draft + unit
+
+    def best(self) -> int:
+        """The gamma maximising expected tokens per second under the current estimates (no probing)."""
+        if self.c_draft is None or self.c_target is None:
+            return self.initial()
+        best, best_rate = 0, 0.0
+        for g in range(self.gamma_max + 1):
+            cost = self.round_cost(g)
+            rate = expected_tokens(self.alpha, g) / cost if cost > 0 else float("inf")
+            if rate > best_rate * (1 + 1e-12):
+                best, best_rate = g, rate
+        return best
+
+    def initial(self) -> int:
+        """gamma before both costs are measured: the longest draft for a constant target cost (measure first);
+        with a block-cost curve, the best gamma for free drafts at the prior alpha (a short, cheap first probe,
+        since a draft that costs as much as the target makes any long first block a loss)."""
+        if self.target_cost is None:
+            return self.gamma_max
+        return best_gamma(self.alpha, self.gamma_max, self.target_cost)
 
     def choose(self) -> int:
         if self.c_draft is None or self.c_target is None:
-            return self.gamma_max  # measure first
-        return max(
-            range(self.gamma_max + 1),
-            key=lambda g: expected_tokens(self.alpha, g) / (g * self.c_draft + self.c_target),  # type: ignore[operator]
-        )
+            return self.initial()
+        g = self.best()
+        if g > 0:
+            self._zeros, self._interval = 0, self.probe_every
+            return g
+        self._zeros += 1
+        if self._zeros >= self._interval and self.gamma_max > 0:
+            # probe: draft once so alpha stays measured; the next decision says whether it paid
+            self._zeros, self._interval = 0, min(2 * self._interval, self.probe_max)
+            self.probes += 1
+            return max(1, max(range(1, self.gamma_max + 1), key=self._rate))
+        return 0
+
+    def _rate(self, g: int) -> float:
+        cost = self.round_cost(g)
+        return expected_tokens(self.alpha, g) / cost if cost > 0 else float("inf")
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.decay) * old + self.decay * new
 
     def update(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
         """Fold in one round: ``accepted`` of ``drafted`` tokens; the positions reached were min(drafted,
-        accepted + 1), each a Bernoulli(alpha) trial."""
+        accepted + 1), each a Bernoulli(alpha) trial. The first update's times (prefill) are not used."""
+        first = self.updates == 0
+        self.updates += 1
         if drafted:
             reached = min(drafted, accepted + 1)
             self.alpha = min(max(self._ema(self.alpha, accepted / reached), 0.0), 0.999)
+        if first:
+            return
+        if drafted:
             self.c_draft = self._ema(self.c_draft, draft_s / drafted)
         elif self.c_draft is None:
             self.c_draft = 0.0
-        self.c_target = self._ema(self.c_target, target_s)
+        unit = target_s / (1.0 if self.target_cost is None else float(self.target_cost(drafted + 1)))
+        self.c_target = self._ema(self.c_target, unit)

@@ -13,7 +13,7 @@ length works for every drafter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -120,6 +120,9 @@ class BaseDrafter:
 
     name = "base"
     default_gamma = 5
+    #: the target's block-cost curve (k -> cost of a k-token block in single steps, e.g. a llama.cpp target's
+    #: ``block_cost``) for ``gamma="auto"``; None: a constant target cost per round. Set by ``load_engine``.
+    target_cost: Callable[[int], float] | None = None
 
     def __init__(self, gamma_max: int = 8) -> None:
         self.gamma_max = gamma_max
@@ -129,7 +132,8 @@ class BaseDrafter:
     def add_row(self, key: int, gamma: int | str | None = None) -> None:
         check_gamma(gamma)
         gamma = self.default_gamma if gamma is None else gamma
-        self._gamma[key] = AdaptiveGamma(self.gamma_max) if gamma == "auto" else int(gamma)
+        auto = gamma == "auto"
+        self._gamma[key] = AdaptiveGamma(self.gamma_max, target_cost=self.target_cost) if auto else int(gamma)
 
     def remove_row(self, key: int) -> None:
         self._gamma.pop(key, None)

@@ -129,7 +129,7 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
     from ..api import load_engine
 
     return load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads,
-                       device=cfg.device)
+                       device=cfg.device, target_backend=cfg.target_backend)
 
 
 # --------------------------------------------------------------------------------------------- results I/O

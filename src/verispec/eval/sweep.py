@@ -16,6 +16,7 @@ A config (see ``configs/*.toml``)::
     target = "qwen2.5-coder-1.5b-instruct"   # registered name or HF directory; "toy": tiny random pair
     draft = "qwen2.5-coder-0.5b-instruct"
     drafter = "model"           # model | tree | llamacpp | ngram | ngram+model | ngram+llamacpp | none
+    target_backend = "hf"       # hf (transformers, default) | llamacpp (the target's GGUF run by llama.cpp)
     dtype = "bfloat16"
     threads = 2                 # optional torch intra-op threads
     device = "cpu"              # where the transformers models run (cpu, cuda[:N]); results do not record it
@@ -70,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from ..config import DEFAULT_TEMPERATURE
+from ..config import DEFAULT_TEMPERATURE, TARGET_BACKENDS
 from ..config import DRAFTERS as _DRAFTER_SPECS
 from ..processors import SamplingConfig
 
@@ -121,7 +122,7 @@ DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if sp
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
              "tasks", "methods", "baseline_draft_truncation"}
-_MODEL_KEYS = {"target", "draft", "drafter", "dtype", "threads", "device"}
+_MODEL_KEYS = {"target", "draft", "drafter", "target_backend", "dtype", "threads", "device"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens"}
 _METHOD_KEYS = {"rule", "params"}
 
@@ -260,6 +261,7 @@ class SweepConfig:
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str | None = "qwen2.5-coder-0.5b-instruct"
     drafter: str = "model"
+    target_backend: str = "hf"
     dtype: str = "bfloat16"
     threads: int | None = None
     device: str = "cpu"
@@ -291,6 +293,7 @@ class SweepConfig:
             "target": self.target,
             "draft": self.draft if self.uses_draft else None,
             "drafter": self.drafter,
+            "target_backend": self.target_backend,
             "dtype": self.dtype,
             "baseline_draft_truncation": self.baseline_draft_truncation,
         }
@@ -334,6 +337,7 @@ class SweepConfig:
             target=d["target"],
             draft=d.get("draft"),
             drafter=d["drafter"],
+            target_backend=d.get("target_backend", "hf"),
             dtype=d["dtype"],
             threads=d.get("threads"),
             device=d.get("device", "cpu"),
@@ -423,6 +427,11 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     drafter = str(models.get("drafter", "model"))
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+    target_backend = str(models.get("target_backend", "hf"))
+    if target_backend not in TARGET_BACKENDS:
+        raise ValueError(f"target_backend must be one of {', '.join(TARGET_BACKENDS)}, got {target_backend!r}")
+    if target_backend == "llamacpp" and drafter == "tree":
+        raise ValueError("drafter 'tree' needs a target with tree attention; target_backend 'llamacpp' has none")
     dtype = str(models.get("dtype", "bfloat16"))
     if dtype not in ("bfloat16", "float32", "float16"):
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
@@ -439,6 +448,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         target=str(models.get("target", SweepConfig.target)),
         draft=None if models.get("draft", SweepConfig.draft) is None else str(models.get("draft", SweepConfig.draft)),
         drafter=drafter,
+        target_backend=target_backend,
         dtype=dtype,
         threads=None if threads is None else _int("threads", threads, 1),
         device=str(models.get("device", "cpu")),
