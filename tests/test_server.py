@@ -298,7 +298,7 @@ BAD = [
      "max_tokens"),
     ("/v1/completions", {**COMP, "prompt": ""}, 400, "empty prompt", "prompt"),
     ("/v1/completions", {**COMP, "prompt": ["a", "b"]}, 400, "one prompt per request", "prompt"),
-    ("/v1/completions", {**COMP, "prompt": [1, 2, 999]}, 400, "vocabulary", None),
+    ("/v1/completions", {**COMP, "prompt": [1, 2, 999]}, 400, "vocabulary", "prompt"),
     ("/v1/completions", {**COMP, "temperature": -1}, 400, "temperature", "temperature"),
     ("/v1/completions", {**COMP, "top_p": 0}, 400, "top_p", "top_p"),
     ("/v1/completions", {**COMP, "stop": 7}, 400, "stop", "stop"),
@@ -368,40 +368,50 @@ def test_every_bad_input_gets_its_4xx_and_disturbs_nobody(server, reference):
 
 @pytest.fixture()
 def gated():
-    """A server over its own engine whose rounds wait on ``gate`` and raise while ``fail`` is set."""
+    """A server over its own engine (4 rows per round, 8 requests admitted) whose rounds wait on ``gate``, raise
+    while ``fail`` is set, and record how many rows the engine holds."""
     engine = toy_engine("model", cache=False)
     gate, fail = threading.Event(), threading.Event()
     gate.set()
+    rows_held: list[int] = []
     step = engine.step
 
     def controlled(rows):
         assert gate.wait(TIMEOUT), "gate never opened"
+        rows_held.append(engine.target.num_rows)
         if fail.is_set():
             fail.clear()
             raise RuntimeError("injected failure")
         return step(rows)
 
     engine.step = controlled
-    app = create_app(engine, model_name=MODEL, max_batch=4, max_concurrency=1)
+    app = create_app(engine, model_name=MODEL, max_batch=4, max_concurrency=8)
     with BackgroundServer(app) as srv:
-        srv.gate, srv.fail = gate, fail
+        srv.gate, srv.fail, srv.rows_held = gate, fail, rows_held
         yield srv
         gate.set()
 
 
-def test_over_max_concurrency_gets_429(gated):
+def test_over_max_concurrency_gets_429_and_waiting_requests_hold_no_rows(gated):
+    """8 requests admitted (4 run, 4 wait) while the first round is held: the 9th gets 429. Once released, all 8
+    complete; the engine never held more rows than the batch (waiting requests stay out of the engine)."""
     gated.gate.clear()
-    result: dict = {}
-    t = threading.Thread(target=lambda: result.update(r=post(gated, "/v1/completions", {**COMP, "max_tokens": 6})))
-    t.start()
-    wait_for(lambda: metric(metrics(gated), "verispec_requests_in_flight") == 1, what="the first request")
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i: results.append(post(gated, "/v1/completions",
+                                                                       {**COMP, "max_tokens": 6 + i})))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: metric(metrics(gated), "verispec_requests_in_flight") == 8, what="8 admitted requests")
     status, body = post(gated, "/v1/completions", COMP)
-    assert status == 429 and "limit of 1 concurrent requests" in body["error"]["message"]
+    assert status == 429 and "limit of 8 concurrent requests" in body["error"]["message"]
     assert body["error"]["type"] == "rate_limit_error"
     gated.gate.set()
-    t.join(TIMEOUT)
-    assert result["r"][0] == 200 and len(result["r"][1]["choices"][0]["text"]) == 6
-    assert post(gated, "/v1/completions", COMP)[0] == 200  # the slot is free again
+    for t in threads:
+        t.join(TIMEOUT)
+    assert sorted(len(r[1]["choices"][0]["text"]) for r in results if r[0] == 200) == list(range(6, 14))
+    assert max(gated.rows_held) == 4
+    assert post(gated, "/v1/completions", COMP)[0] == 200  # slots are free again
 
 
 def test_a_failing_round_fails_only_its_requests(gated):

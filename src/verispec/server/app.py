@@ -166,6 +166,15 @@ def _error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+def _rejection(exc: Exception) -> APIError:
+    """The error answered for a job the worker refused."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc), code="invalid_value")
+    return APIError(503, str(exc), code="unavailable")
+
+
 def _failure(handle: Handle) -> APIError | None:
     """The error of a handle whose round failed, or None."""
     if handle.error is None and (handle.result is None or handle.result.finish_reason != "error"):
@@ -268,12 +277,7 @@ def create_app(
         if first is None:
             return Response(status_code=499)
         if first[0] == "rejected":
-            exc = first[1]
-            if isinstance(exc, APIError):
-                raise exc
-            if isinstance(exc, ValueError):
-                raise APIError(400, str(exc), code="invalid_value")
-            raise APIError(503, str(exc), code="unavailable")
+            raise _rejection(first[1])
         reply = Reply(chat, state.model_name)
         if settings.stream:
             return _EventStream(_stream(gen, job, reply, settings))
@@ -284,6 +288,8 @@ def create_app(
             event = await _next_event(gen, request, job, state)
             if event is None:
                 return Response(status_code=499)
+            if event[0] == "rejected":
+                raise _rejection(event[1])
             if event[0] == "done":
                 handle: Handle = event[1]
                 if (err := _failure(handle)) is not None:
@@ -301,6 +307,10 @@ def create_app(
                 if event[0] == "text":
                     yield sse(reply.chunk(text=event[1]))
                     continue
+                if event[0] == "rejected":
+                    yield sse(_rejection(event[1]).body())
+                    yield sse("[DONE]")
+                    return
                 if event[0] != "done":
                     continue
                 handle, tail = event[1], event[2]

@@ -26,6 +26,7 @@ from .. import rules
 from ..config import DEFAULT_TEMPERATURE
 from ..engine import Engine, Request
 from ..processors import SamplingConfig
+from ..tree import check_tree_rule
 
 __all__ = [
     "MAX_GAMMA",
@@ -304,6 +305,14 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
         param = "messages" if chat else "prompt"
         if not ids:
             raise APIError(400, f"{param}: empty prompt", param=param)
+        vocab = engine.target.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise APIError(400, f"{param}: token id out of the vocabulary [0, {vocab})", param=param)
+        if getattr(engine.drafter, "name", "") == "tree":
+            try:
+                check_tree_rule(settings.rule)
+            except ValueError as exc:
+                raise APIError(400, f"verification.rule: {exc}", param="verification.rule") from None
         context = engine.target.max_context
         if len(ids) >= context:
             raise APIError(400, f"{param}: the prompt has {len(ids)} tokens; the model's context is {context} "

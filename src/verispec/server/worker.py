@@ -3,15 +3,20 @@
 Every use of the engine (tokenizing a prompt, ``Engine.start`` inside ``Scheduler.submit``, rounds, releasing
 rows, detokenizing in the listeners) happens on this thread, so the engine and its KV caches never see two
 threads at once. HTTP handlers hand over a :class:`Job` (a ``build`` function that returns the
-:class:`~verispec.engine.Request`, run here, plus a :class:`JobListener`) and are told what happens through the
-listener, always from this thread:
+:class:`~verispec.engine.Request`, run here at once, plus a :class:`JobListener`) and are told what happens
+through the listener, always from this thread:
 
-- ``admitted()``: the Scheduler accepted the request (it waits for a batch slot or runs);
-- ``rejected(exc)``: ``build`` or ``Scheduler.submit`` raised (bad input), the job was cancelled before it was
-  admitted, or the server stopped; nothing ran;
+- ``admitted()``: ``build`` succeeded; the request waits for a batch slot or runs;
+- ``rejected(exc)``: ``build`` or ``Scheduler.submit`` raised (bad input), the job was cancelled before it ran,
+  or the server stopped; nothing ran;
 - ``tokens(ids)``: the ids a round committed (streaming);
 - ``done(handle)``: the handle is finished (``handle.result``; ``handle.error`` when its round failed;
   ``finish_reason == "cancelled"`` when it was cancelled while running).
+
+Built requests wait HERE, not in the Scheduler's queue, until the batch has a free slot: ``Scheduler.submit``
+allocates the request's engine rows at once, and the transformers backend runs every allocated row in every
+forward, so a request waiting inside the Scheduler would cost compute in each round of the running ones (and
+take the single-row fast path away).
 
 A round that raises fails only the rows of that round (the Scheduler marks them and re-raises); the worker
 counts it and goes on. A listener that raises is logged and ignored.
@@ -50,6 +55,7 @@ class Job:
 
     def __init__(self, build: Callable[[Engine], Request], listener: JobListener) -> None:
         self.build, self.listener = build, listener
+        self.request: Request | None = None
         self.handle: Handle | None = None
         self.cancelled = False
 
@@ -72,7 +78,8 @@ class Worker:
         self.scheduler = Scheduler(engine, max_batch=max_batch)
         self._observe, self._on_round_error = observe, on_round_error
         self._cv = threading.Condition()
-        self._pending: deque[Job] = deque()
+        self._pending: deque[Job] = deque()  # handed over, not built yet
+        self._ready: deque[Job] = deque()  # built, waiting for a batch slot
         self._jobs: list[Job] = []  # admitted, not yet done
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -99,8 +106,8 @@ class Worker:
 
     @property
     def pending(self) -> int:
-        """Jobs handed over but not yet admitted into the Scheduler."""
-        return len(self._pending)
+        """Jobs handed over but not yet in the Scheduler (being built, or waiting for a batch slot)."""
+        return len(self._pending) + len(self._ready)
 
     def submit(self, job: Job) -> None:
         """Hand a job over; its listener hears back on the worker thread."""
@@ -122,14 +129,15 @@ class Worker:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._pending and self.scheduler.idle:
+                while not self._stopping and not self._pending and not self._ready and self.scheduler.idle:
                     self._cv.wait()
                 if self._stopping:
                     break
                 pending = list(self._pending)
                 self._pending.clear()
             for job in pending:
-                self._admit(job)
+                self._build(job)
+            self._admit()
             self._call_observe()
             if not self.scheduler.idle:
                 try:
@@ -143,20 +151,35 @@ class Worker:
             self._call_observe()
         self._shutdown()
 
-    def _admit(self, job: Job) -> None:
+    def _build(self, job: Job) -> None:
         if job.cancelled:
             self._safe(job.listener.rejected, RuntimeError("cancelled before it started"))
             return
         try:
-            request = job.build(self.engine)
-            job.handle = self.scheduler.submit(request, on_tokens=lambda _h, ids: self._safe(job.listener.tokens, ids))
+            job.request = job.build(self.engine)
         except Exception as exc:  # bad input: the listener turns it into a 4xx
             self._safe(job.listener.rejected, exc)
             return
-        self._jobs.append(job)
-        if job.cancelled:
-            self.scheduler.cancel(job.handle)
+        self._ready.append(job)
         self._safe(job.listener.admitted)
+
+    def _admit(self) -> None:
+        """Move built jobs into the Scheduler while the batch has free slots."""
+        sched = self.scheduler
+        while self._ready and len(sched.running) + sched.queue_depth < sched.max_batch:
+            job = self._ready.popleft()
+            if job.cancelled:
+                self._safe(job.listener.rejected, RuntimeError("cancelled before it started"))
+                continue
+            try:
+                job.handle = sched.submit(job.request, on_tokens=lambda _h, ids, j=job: self._safe(j.listener.tokens,
+                                                                                                  ids))
+            except Exception as exc:  # the engine's own validation (after admitted(): reported as a failure)
+                self._safe(job.listener.rejected, exc)
+                continue
+            self._jobs.append(job)
+            if job.cancelled:
+                sched.cancel(job.handle)
 
     def _reap(self) -> None:
         for job in [j for j in self._jobs if j.handle is not None and j.handle.done]:
@@ -165,8 +188,9 @@ class Worker:
 
     def _shutdown(self) -> None:
         with self._cv:
-            pending = list(self._pending)
+            pending = list(self._pending) + list(self._ready)
             self._pending.clear()
+            self._ready.clear()
         for job in pending:
             self._safe(job.listener.rejected, RuntimeError("the server is shutting down"))
         for job in self._jobs:
