@@ -280,7 +280,7 @@ def create_app(
             raise _rejection(first[1])
         reply = Reply(chat, state.model_name)
         if settings.stream:
-            return _EventStream(_stream(gen, job, reply, settings))
+            return _EventStream(_stream(gen, job, reply, settings), headers={"Cache-Control": "no-cache"})
         return await _complete(request, gen, job, reply, settings)
 
     async def _complete(request: Request, gen: Generation, job: Job, reply: Reply, settings: Settings) -> Response:
