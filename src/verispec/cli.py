@@ -19,6 +19,9 @@ from .config import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
 __all__ = ["main"]
 
 SUM_TOL = 1e-6
+#: ``generate``'s default max_new_tokens with --chat (a complete answer) and without
+CHAT_MAX_NEW_TOKENS = 512
+PLAIN_MAX_NEW_TOKENS = 128
 
 
 def _fail(message: object) -> click.ClickException:
@@ -269,23 +272,37 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
 @click.option("--repetition-penalty", default=1.0, show_default=True, type=float)
 @click.option("--frequency-penalty", default=0.0, show_default=True, type=float)
 @click.option("--presence-penalty", default=0.0, show_default=True, type=float)
-@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
+              help=f"Most tokens to generate. Default: {CHAT_MAX_NEW_TOKENS} with --chat (room for a complete answer), "
+                   f"else {PLAIN_MAX_NEW_TOKENS}.")
 @click.option("--stop", multiple=True, help="Stop string; repeatable. The output is cut before it.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
-@click.option("--json", "as_json", is_flag=True, help="Print text, token ids, finish_reason and metrics as JSON.")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Print text as tokens are committed, or wait for the whole answer.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
              params: tuple[str, ...], drafter: str, target_backend: str, tree_depth: int, tree_top_k: int,
              tree_budget: int | None, no_draft: bool, gamma: str | None, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
-             stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, device: str, as_json: bool) -> None:
-    """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair)."""
+             stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, device: str, stream: bool,
+             as_json: bool) -> None:
+    """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair).
+
+    The text is printed as tokens are committed (never past a stop string) unless --no-stream or --json; then
+    why generation stopped and the metrics go to stderr.
+    """
     from . import models, rules
     from .api import load_engine
+    from .engine import Request
     from .processors import SamplingConfig
+
+    if max_new_tokens is None:
+        max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else PLAIN_MAX_NEW_TOKENS
 
     try:
         gamma_v: int | str | None = gamma if gamma in (None, "auto") else int(gamma)
@@ -299,22 +316,112 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
                              "none" if no_draft else drafter, dtype, threads, tree=tree, device=device,
                              target_backend=target_backend)
-        result = engine.generate(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
-                                 stop=list(stop), seed=seed, chat=chat)
+        request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
+                          stop=list(stop), seed=seed, chat=chat)
+        result = _run_streaming(engine, request, echo=stream and not as_json)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
         click.echo(json.dumps(result.to_dict()))
         return
+    if not stream:
+        click.echo(result.text)
     m = result.metrics
-    click.echo(result.text)
+    why = stop_reason(result, max_new_tokens, engine.eos_token_ids)
     click.echo(
-        f"\n[{result.finish_reason}] {m.new_tokens} tokens in {m.total_s:.2f} s ({m.tokens_per_s:.2f} tok/s); "
+        f"\n[{why}] {m.new_tokens} tokens in {m.total_s:.2f} s ({m.tokens_per_s:.2f} tok/s); "
         f"rounds {m.rounds}, accepted {m.accepted}/{m.drafted} drafted, block efficiency {m.block_efficiency:.2f}, "
         f"tokens/round {m.tokens_per_round:.2f}; time draft {m.draft_s:.2f} s, target {m.target_s:.2f} s, "
         f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s",
         err=True,
     )
+
+
+def _run_streaming(engine: object, request: object, echo: bool) -> object:
+    """Run one request through a Scheduler; with ``echo``, print its text as rounds commit tokens (stdout,
+    flushed; held back across partial characters and possible stop strings, never past a stop string)."""
+    from .scheduler import Scheduler
+    from .streaming import TextStream
+
+    text = TextStream(engine.decode, request.stop)  # type: ignore[attr-defined]
+
+    def show(_handle: object, ids: list[int]) -> None:
+        if delta := text.push(ids):
+            click.echo(delta, nl=False)
+
+    sched = Scheduler(engine, max_batch=1)  # type: ignore[arg-type]
+    handle = sched.submit(request, on_tokens=show if echo else None)  # type: ignore[arg-type]
+    sched.run()
+    if handle.error is not None:
+        raise ValueError(f"generation failed: {handle.error}")
+    if echo:
+        click.echo(text.finish())
+    return handle.result
+
+
+def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
+    """Why a generation stopped, in words: finish reason, then the cause."""
+    reason, ids = result.finish_reason, result.token_ids  # type: ignore[attr-defined]
+    if reason == "length":
+        if len(ids) >= max_new_tokens:
+            return f"length: reached --max-new-tokens {max_new_tokens}; raise it for a longer answer"
+        return "length: reached the model's context"
+    if reason == "stop":
+        return "stop: end-of-sequence token" if ids and ids[-1] in eos_ids else "stop: stop string"
+    return str(reason)
+
+
+# ----------------------------------------------------------------------------------------------- serve
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (the default answers this machine only).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--target", default=None, metavar="NAME|DIR", help="Target model (default: the 1.5B Qwen coder).")
+@click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
+@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
+              help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values()) + ".")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
+@click.option("--served-model-name", default=None, help="Model id clients send (default: the target's name).")
+@click.option("--max-batch", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Rows decoded together in one engine round.")
+@click.option("--max-concurrency", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests admitted at once (running + waiting); more get 429.")
+@click.option("--max-prompt-tokens", default=None, type=click.IntRange(min=1),
+              help="Longest prompt accepted (default: what the context holds); longer gets 400.")
+@click.option("--max-tokens-limit", default=4096, show_default=True, type=click.IntRange(min=1),
+              help="Largest max_tokens a request may ask for (400 beyond); also the chat default.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+def serve(host: str, port: int, target: str | None, draft: str | None, drafter: str, dtype: str,
+          threads: int | None, served_model_name: str | None, max_batch: int, max_concurrency: int,
+          max_prompt_tokens: int | None, max_tokens_limit: int, log_level: str) -> None:
+    """OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streamed or not), /v1/models,
+    /health, /metrics. Per request: extra_body {"verification": {"rule": ..., "params": {...}},
+    "speculative": {"gamma": N}}."""
+    import os
+
+    from . import models
+    from .api import load_engine
+
+    try:
+        from .server import Limits
+        from .server import serve as run_server
+    except ImportError as exc:
+        raise _fail(f"the server needs fastapi, uvicorn and prometheus-client: {exc}") from None
+    target = target or models.DEFAULT_TARGET
+    try:
+        engine = load_engine(target, None if drafter in ("none", "ngram") else (draft or models.DEFAULT_DRAFT),
+                             drafter, dtype, threads)
+    except (ValueError, ImportError, models.ModelError, OSError) as exc:
+        raise _fail(exc) from None
+    name = served_model_name or os.path.basename(os.path.normpath(os.fspath(target)))
+    click.echo(f"serving {name!r} on http://{host}:{port}/v1 (drafter {drafter})", err=True)
+    run_server(engine, host=host, port=port, log_level=log_level, model_name=name, max_batch=max_batch,
+               max_concurrency=max_concurrency,
+               limits=Limits(max_prompt_tokens=max_prompt_tokens, max_tokens_limit=max_tokens_limit))
 
 
 # ----------------------------------------------------------------------------------------------- models

@@ -1,0 +1,274 @@
+"""Serving overhead on the real pair: the HTTP server (official openai client, streamed) vs the same engine called
+directly, at several concurrency levels, in one run. Not a test: nothing is asserted.
+
+For each concurrency level C (the paths run one after another per level, so that load drift on a shared machine
+hits all of them):
+
+- generate (only where there are more requests than C): ``Engine.generate(prompts, batch_size=C)``; its latency
+  and TTFT (the engine's own metrics) count from submission, i.e. they include waiting for a batch slot;
+- direct: the engine through its Scheduler, closed loop: C requests in the batch, the next one submitted when one
+  ends (what the server does, minus HTTP); latency and TTFT from submission;
+- server: ``create_app`` served by uvicorn on 127.0.0.1 (max_batch 16), C client threads each sending its share of
+  the requests one after another (streamed chat completions); latency from sending to the last chunk, time to
+  first token to the first chunk with text.
+
+The engine runs on a thread other than the main one on every path (the server's worker thread; ``on_thread``).
+Same prompts (short chat prompts), same settings (greedy unless --temperature, --max-new-tokens, seed 0). Prints
+requests/s, generated tokens/s, time to first token (median) and latency p50 / p99 per level and path, and the
+each path's requests/s relative to direct side by side; writes JSON and a markdown table.
+
+    python3 benchmarks/serving.py --levels 1,4,16 --max-new-tokens 48 --threads 2 \\
+        --out docs/results/serving.json --md docs/results/serving.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import torch
+from openai import OpenAI
+
+from verispec import models
+from verispec.api import load_engine
+from verispec.engine import Engine, Request
+from verispec.processors import SamplingConfig
+from verispec.scheduler import Handle, Scheduler
+from verispec.server import create_app
+from verispec.server.background import BackgroundServer
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that reverses a linked list.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Write a Python function that merges two sorted lists.",
+    "Write a Python function that counts the words in a string.",
+    "Write a Python function that flattens a nested list.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python function that computes the greatest common divisor of two integers.",
+    "Write a Python function that removes duplicates from a list while keeping order.",
+    "Write a Python function that converts a Roman numeral to an integer.",
+    "Write a Python function that returns the transpose of a matrix.",
+    "Write a Python function that finds the longest common prefix of a list of strings.",
+    "Write a Python function that performs binary search on a sorted list.",
+    "Write a Python function that computes the factorial of n iteratively.",
+    "Write a Python function that checks whether brackets in a string are balanced.",
+    "Write a Python function that returns the k most frequent elements of a list.",
+]
+
+
+@dataclass
+class Sample:
+    text: str
+    tokens: int
+    ttft_s: float
+    latency_s: float
+
+
+@dataclass
+class Level:
+    path: str
+    concurrency: int
+    requests: int
+    wall_s: float
+    samples: list[Sample]
+
+    def summary(self) -> dict:
+        lat = sorted(s.latency_s for s in self.samples)
+        return {
+            "path": self.path,
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "requests_per_s": self.requests / self.wall_s,
+            "tokens_per_s": sum(s.tokens for s in self.samples) / self.wall_s,
+            "ttft_p50_s": statistics.median(s.ttft_s for s in self.samples),
+            "latency_p50_s": statistics.median(lat),
+            "latency_p99_s": percentile(lat, 0.99),
+        }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (with few samples p99 is the maximum)."""
+    return sorted_values[min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def on_thread(fn: Callable[..., Level], *args: object) -> Level:
+    """Run ``fn`` on a fresh thread, as the server's worker runs the engine: on this machine the same torch work
+    ran several times slower on the main thread than on another thread (see docs/results/serving.md)."""
+    out: list[Level] = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)))
+    t.start()
+    t.join()
+    if not out:
+        raise RuntimeError(f"{fn.__name__} failed (traceback above)")
+    return out[0]
+
+
+def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int) -> Level:
+    """The engine through its Scheduler, closed loop: c requests in the batch, the next submitted when one ends
+    (what the server does, minus HTTP); latency and TTFT from submission."""
+    sched = Scheduler(engine, max_batch=c)
+    first: dict[int, float] = {}
+    start: dict[int, float] = {}
+    finished: dict[int, float] = {}
+
+    def on_tokens(h: Handle, ids: list[int]) -> None:
+        first.setdefault(h.id, time.perf_counter())
+
+    def submit(p: str) -> Handle:
+        h = sched.submit(Request(p, sampling=cfg, max_new_tokens=n, seed=0, chat=True), on_tokens=on_tokens)
+        start[h.id] = time.perf_counter()
+        return h
+
+    t0 = time.perf_counter()
+    queue = list(prompts)
+    handles = [submit(queue.pop(0)) for _ in range(min(c, len(queue)))]
+    while not sched.idle:
+        sched.step()
+        now = time.perf_counter()
+        for h in handles:
+            if h.done and h.id not in finished:
+                finished[h.id] = now
+                if queue:
+                    handles.append(submit(queue.pop(0)))
+    wall = time.perf_counter() - t0
+    samples = [Sample(h.result.text, len(h.result.token_ids), first[h.id] - start[h.id],
+                      finished[h.id] - start[h.id]) for h in handles]
+    return Level("direct", c, len(prompts), wall, samples)
+
+
+def run_generate(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int) -> Level:
+    """Engine.generate on the list of prompts with batch_size = c (every prompt submitted at once); its metrics'
+    latency and TTFT count from submission, so they include waiting for a batch slot."""
+    t0 = time.perf_counter()
+    results = engine.generate(prompts, sampling=cfg, max_new_tokens=n, seed=0, chat=True, batch_size=c)
+    wall = time.perf_counter() - t0
+    samples = [Sample(r.text, len(r.token_ids), r.metrics.time_to_first_token_s or 0.0, r.metrics.total_s)
+               for r in results]
+    return Level("generate", c, len(prompts), wall, samples)
+
+
+def run_server(url: str, model: str, prompts: list[str], c: int, temperature: float, n: int) -> Level:
+    """c closed-loop clients (threads), each streaming its share of the prompts one after another."""
+    results: list[Sample | None] = [None] * len(prompts)
+
+    def client_loop(k: int) -> None:
+        client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)
+        for i in range(k, len(prompts), c):
+            t0 = time.perf_counter()
+            ttft, parts, tokens = None, [], 0
+            stream = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompts[i]}], max_tokens=n,
+                temperature=temperature, seed=0, stream=True, stream_options={"include_usage": True})
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    parts.append(chunk.choices[0].delta.content)
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            results[i] = Sample("".join(parts), tokens, ttft or 0.0, time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(c) as pool:
+        for f in [pool.submit(client_loop, k) for k in range(c)]:
+            f.result(timeout=3600)
+    wall = time.perf_counter() - t0
+    return Level("server", c, len(prompts), wall, [s for s in results if s is not None])
+
+
+def report(level: Level, rows: list[dict], raw: list[dict]) -> Level:
+    """Print one path's numbers at once and keep them."""
+    r = level.summary()
+    rows.append(r)
+    raw.append(asdict(level))
+    print(f"C={r['concurrency']:<3} {r['path']:<8} {r['requests']} req  {r['requests_per_s']:.3f} req/s  "
+          f"{r['tokens_per_s']:.2f} tok/s  ttft p50 {r['ttft_p50_s']:.2f} s  "
+          f"latency p50 {r['latency_p50_s']:.2f} s  p99 {r['latency_p99_s']:.2f} s", flush=True)
+    return level
+
+
+def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], load: list[float]) -> str:
+    lines = [
+        "| concurrency | path | requests | req/s | tok/s | req/s vs direct | TTFT p50 (s) | "
+        "latency p50 (s) | latency p99 (s) | same text as direct |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["concurrency"], r["path"]): r for r in rows}
+    for c in args.levels:
+        d = by[(c, "direct")]
+        for path in ("generate", "direct", "server"):
+            if (c, path) not in by:
+                continue
+            r = by[(c, path)]
+            lines.append(f"| {c} | {path} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.2f} | "
+                         f"{r['requests_per_s'] / d['requests_per_s']:.2f}x | {r['ttft_p50_s']:.2f} | "
+                         f"{r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | "
+                         f"{equal[c] if path == 'server' else '-'} |")
+    head = (f"Real pair ({models.DEFAULT_TARGET} / {models.DEFAULT_DRAFT}, drafter model, {args.dtype}, "
+            f"{args.threads} torch threads), {args.max_new_tokens} new tokens, temperature {args.temperature}, "
+            f"short chat prompts; load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}.")
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--levels", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--requests", default=4, type=int, help="requests per level (at least the concurrency)")
+    ap.add_argument("--max-new-tokens", default=48, type=int)
+    ap.add_argument("--temperature", default=0.0, type=float)
+    ap.add_argument("--threads", default=2, type=int)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--skip-generate", action="store_true", help="leave out the Engine.generate path")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--md", default=None)
+    args = ap.parse_args()
+
+    import os
+
+    load0 = os.getloadavg()[0]
+    torch.set_num_threads(args.threads)
+    engine = load_engine(dtype=args.dtype, threads=args.threads)
+    cfg = SamplingConfig(temperature=args.temperature)
+    app_kwargs = dict(model_name=models.DEFAULT_TARGET, max_batch=max(args.levels), max_concurrency=64)
+    # warm-up (not measured): one request on each path
+    on_thread(run_direct, engine, PROMPTS[:1], 1, cfg, 8)
+    rows, equal, raw = [], {}, []
+    for c in args.levels:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(max(args.requests, c))]
+        # Engine.generate differs from the closed loop only when requests wait for a slot
+        if len(prompts) > c and not args.skip_generate:
+            report(on_thread(run_generate, engine, prompts, c, cfg, args.max_new_tokens), rows, raw)
+        direct = report(on_thread(run_direct, engine, prompts, c, cfg, args.max_new_tokens), rows, raw)
+        with BackgroundServer(create_app(engine, **app_kwargs), timeout_s=120) as srv:
+            if c == args.levels[0]:
+                run_server(srv.url, models.DEFAULT_TARGET, PROMPTS[:1], 1, args.temperature, 8)
+            served = report(run_server(srv.url, models.DEFAULT_TARGET, prompts, c, args.temperature,
+                                       args.max_new_tokens), rows, raw)
+        same = sum(a.text == b.text for a, b in zip(direct.samples, served.samples, strict=True))
+        equal[c] = f"{same}/{len(prompts)}"
+        ratio = served.summary()["requests_per_s"] / direct.summary()["requests_per_s"]
+        print(f"C={c:<3} server / direct: {ratio:.2f}x req/s; same text as direct {equal[c]}", flush=True)
+        if args.out:  # after every level, so that an interrupted run keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "rows": rows, "levels": raw}, f, indent=1)
+    load = [load0, os.getloadavg()[0]]
+    table = markdown(rows, args, equal, load)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "load_avg_1min": load, "rows": rows, "levels": raw}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    main()

@@ -1,0 +1,337 @@
+"""The FastAPI application: OpenAI-compatible endpoints over one engine, one worker thread, one Scheduler.
+
+``create_app(engine, ...)`` returns the app; its lifespan starts and stops the :class:`~.worker.Worker`.
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed with
+``"stream": true`` as server-sent events, else one JSON object), ``GET /health``, ``GET /metrics``.
+
+Request path: the handler parses and validates the body on the event loop (400 naming the field), takes a
+concurrency slot (429 when ``max_concurrency`` requests are already admitted, running or waiting) and hands a
+:class:`~.worker.Job` to the worker, which tokenizes the prompt, checks the length limits and submits it to the
+Scheduler. A :class:`Generation` listener carries the worker's events (admitted / rejected / text deltas /
+done) to the handler's event loop. A streamed request whose client goes away is cancelled at once (its row
+leaves the batch at the next round); a waiting non-streamed one is cancelled within half a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..engine import Engine
+from ..scheduler import Handle
+from ..streaming import TextStream
+from .metrics import ServerMetrics
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Limits, Settings, parse_body, prompt_builder
+from .responses import Reply, sse, verispec_block
+from .worker import Job, Worker
+
+__all__ = ["Generation", "ServerState", "create_app"]
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+DISCONNECT_POLL_S = 0.5
+
+
+class ServerState:
+    """What the handlers share: engine, worker, metrics, limits and the concurrency count."""
+
+    def __init__(self, engine: Engine, model_name: str, max_batch: int, max_concurrency: int, limits: Limits) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.engine, self.model_name, self.limits = engine, model_name, limits
+        self.max_concurrency = max_concurrency
+        self.metrics = ServerMetrics()
+        self.worker = Worker(engine, max_batch=max_batch, observe=self._observe,
+                             on_round_error=lambda _exc: self.metrics.round_failures.inc())
+        self.created = int(time.time())
+        self._lock = threading.Lock()
+        self.active = 0
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            if self.active >= self.max_concurrency:
+                return False
+            self.active += 1
+            self.metrics.in_flight.set(self.active)
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.active -= 1
+            self.metrics.in_flight.set(self.active)
+
+    def _observe(self, worker: Worker) -> None:
+        self.metrics.queue_depth.set(worker.pending + worker.scheduler.queue_depth)
+        self.metrics.running.set(len(worker.scheduler.running))
+
+
+class Generation:
+    """The listener of one job: runs the worker's callbacks (on the worker thread) and forwards them as events to
+    the request's event loop: ("admitted",), ("rejected", exc), ("text", delta), ("done", handle, tail)."""
+
+    def __init__(self, state: ServerState, settings: Settings, arrival: float) -> None:
+        self.state, self.settings, self.arrival = state, settings, arrival
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple] = asyncio.Queue()
+        self.text = TextStream(state.engine.decode, settings.stop)
+        self.first_token_s: float | None = None
+        self.finished = False
+
+    def _put(self, *event: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (server stopping); nobody is listening
+            pass
+
+    # -- worker thread ---------------------------------------------------------------------------------------
+    def admitted(self) -> None:
+        self._put("admitted")
+
+    def rejected(self, exc: Exception) -> None:
+        self.finished = True
+        self.state.release()
+        self._put("rejected", exc)
+
+    def tokens(self, ids: list[int]) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.arrival
+            self.state.metrics.ttft.observe(self.first_token_s)
+        delta = self.text.push(ids)
+        if delta:
+            self._put("text", delta)
+
+    def done(self, handle: Handle) -> None:
+        self.finished = True
+        try:
+            if handle.result is not None:
+                self.state.metrics.record_result(self.settings.rule.name, handle.result,
+                                                 time.perf_counter() - self.arrival)
+        finally:
+            self.state.release()
+            self._put("done", handle, self.text.finish())
+
+
+class _CountRequests:
+    """ASGI middleware: ``verispec_requests_total{endpoint, status}`` for every HTTP request."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope.get("path", "")
+            self.metrics.requests.labels(path if path in ENDPOINTS else "other", str(status[0])).inc()
+
+
+class _EventStream(StreamingResponse):
+    """A server-sent-event response that always closes its generator, whichever way the stream ends."""
+
+    media_type = "text/event-stream"
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            try:
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            except Exception:  # already closed by the exception that ended the stream
+                pass
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _rejection(exc: Exception) -> APIError:
+    """The error answered for a job the worker refused."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc), code="invalid_value")
+    return APIError(503, str(exc), code="unavailable")
+
+
+def _failure(handle: Handle) -> APIError | None:
+    """The error of a handle whose round failed, or None."""
+    if handle.error is None and (handle.result is None or handle.result.finish_reason != "error"):
+        return None
+    return APIError(500, f"generation failed: {handle.error or 'unknown error'}", code="engine_error")
+
+
+async def _next_event(gen: Generation, request: Request, job: Job, state: ServerState) -> tuple | None:
+    """The next event, or None when the client disconnected (the job is then cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(gen.queue.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                state.worker.cancel(job)
+                return None
+
+
+def create_app(
+    engine: Engine,
+    model_name: str = "verispec",
+    max_batch: int = 8,
+    max_concurrency: int = 64,
+    limits: Limits | None = None,
+) -> FastAPI:
+    """The OpenAI-compatible server over ``engine`` (see the module docstring).
+
+    ``max_batch``: rows per engine round; ``max_concurrency``: admitted requests (running + waiting) before
+    429; ``limits``: prompt / max_tokens limits (:class:`~.protocol.Limits`).
+    """
+    state = ServerState(engine, model_name, max_batch, max_concurrency, limits or Limits())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.worker.stop)
+
+    app = FastAPI(title="verispec", lifespan=lifespan)
+    app.state.verispec = state
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return _error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = state.worker.alive
+        return JSONResponse({"status": "ok" if ok else "worker stopped"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "verispec"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        arrival = time.perf_counter()
+        body = parse_body(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
+        if body.model is not None and body.model != state.model_name:
+            raise APIError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
+                           param="model", code="model_not_found")
+        settings = Settings.of(body)
+        build = prompt_builder(body, settings, state.limits)
+        if not state.try_acquire():
+            raise APIError(429, f"the server is at its limit of {state.max_concurrency} concurrent requests "
+                           "(--max-concurrency); retry later", code="too_many_requests", type_="rate_limit_error")
+        gen = Generation(state, settings, arrival)
+        job = Job(build, gen)
+        try:
+            state.worker.submit(job)
+        except RuntimeError as exc:
+            state.release()
+            raise APIError(503, str(exc), code="shutting_down") from None
+        first = await _next_event(gen, request, job, state)
+        if first is None:
+            return Response(status_code=499)
+        if first[0] == "rejected":
+            raise _rejection(first[1])
+        reply = Reply(chat, state.model_name)
+        if settings.stream:
+            return _EventStream(_stream(gen, job, reply, settings), headers={"Cache-Control": "no-cache"})
+        return await _complete(request, gen, job, reply, settings)
+
+    async def _complete(request: Request, gen: Generation, job: Job, reply: Reply, settings: Settings) -> Response:
+        while True:
+            event = await _next_event(gen, request, job, state)
+            if event is None:
+                return Response(status_code=499)
+            if event[0] == "rejected":
+                raise _rejection(event[1])
+            if event[0] == "done":
+                handle: Handle = event[1]
+                if (err := _failure(handle)) is not None:
+                    raise err
+                result = handle.result
+                block = verispec_block(settings.rule, settings.gamma, result)  # type: ignore[arg-type]
+                return JSONResponse(reply.full(result.text, result.finish_reason, result, block))  # type: ignore[union-attr]
+
+    async def _stream(gen: Generation, job: Job, reply: Reply, settings: Settings) -> AsyncIterator[str]:
+        try:
+            if reply.chat:
+                yield sse(reply.chunk(role=True))
+            while True:
+                event = await gen.queue.get()
+                if event[0] == "text":
+                    yield sse(reply.chunk(text=event[1]))
+                    continue
+                if event[0] == "rejected":
+                    yield sse(_rejection(event[1]).body())
+                    yield sse("[DONE]")
+                    return
+                if event[0] != "done":
+                    continue
+                handle, tail = event[1], event[2]
+                if tail:
+                    yield sse(reply.chunk(text=tail))
+                if (err := _failure(handle)) is not None:
+                    yield sse(err.body())
+                    yield sse("[DONE]")
+                    return
+                result = handle.result
+                block = verispec_block(settings.rule, settings.gamma, result)
+                last = reply.chunk(finish_reason=result.finish_reason)
+                if settings.include_usage:
+                    yield sse(last)
+                    last = reply.usage_chunk(result)
+                last["verispec"] = block
+                yield sse(last)
+                yield sse("[DONE]")
+                return
+        finally:
+            if not gen.finished:
+                state.worker.cancel(job)
+
+    return app

@@ -1,0 +1,339 @@
+"""OpenAI request bodies -> validated verispec settings, with errors that name the offending field.
+
+Supported fields (both endpoints): ``model``, ``temperature`` (default
+:data:`verispec.config.DEFAULT_TEMPERATURE`, 0 = greedy), ``top_p``, ``max_tokens`` (chat also
+``max_completion_tokens``), ``stop`` (a string or a list), ``seed`` (default: a fresh random seed per request),
+``frequency_penalty``, ``presence_penalty``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``; the
+vLLM-style extensions ``top_k``, ``min_p``, ``repetition_penalty``; and verispec's own ``verification``
+(``{"rule": NAME, "params": {...}}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the official client
+sends through ``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on the output
+are accepted and ignored. Fields that would change what is generated or returned (``logprobs``, ``tools``,
+``logit_bias``, ``n`` > 1, ``best_of`` > 1, ``echo``, ``response_format`` other than text, ...) are refused
+with 400 naming the field, as is any field this server does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from .. import rules
+from ..config import DEFAULT_TEMPERATURE
+from ..engine import Engine, Request
+from ..processors import SamplingConfig
+from ..tree import check_tree_rule
+
+__all__ = [
+    "MAX_GAMMA",
+    "APIError",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "Limits",
+    "Settings",
+    "parse_body",
+    "prompt_builder",
+]
+
+#: the largest draft length a request may ask for
+MAX_GAMMA = 32
+
+
+class APIError(Exception):
+    """An error answered with an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _harmless(value: object) -> bool:
+    return value is None or value is False or value == [] or value == {} or value == ""
+
+
+#: fields that change what is generated or returned: refused unless the value is a no-op
+UNSUPPORTED: dict[str, Callable[[object], bool]] = {
+    "logprobs": _harmless,
+    "top_logprobs": _harmless,
+    "tools": _harmless,
+    "tool_choice": lambda v: _harmless(v) or v == "none",
+    "functions": _harmless,
+    "function_call": lambda v: _harmless(v) or v == "none",
+    "logit_bias": _harmless,
+    "best_of": lambda v: _harmless(v) or v == 1,
+    "echo": _harmless,
+    "suffix": _harmless,
+    "response_format": lambda v: _harmless(v) or v == {"type": "text"},
+    "audio": _harmless,
+    "modalities": lambda v: _harmless(v) or v == ["text"],
+    "prediction": _harmless,
+    "web_search_options": _harmless,
+    "reasoning_effort": _harmless,
+    "verbosity": _harmless,
+}
+#: fields without effect on the output here: accepted and ignored
+IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+           "prompt_cache_retention", "parallel_tool_calls")
+
+
+class Verification(BaseModel):
+    """``verification``: the rule that verifies this request's drafts and its parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+    rule: StrictStr = "lossless"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Speculative(BaseModel):
+    """``speculative``: draft length per round (``"auto"``: adaptive; default: the drafter's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gamma: StrictInt | Literal["auto"] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = Field(None, ge=0, lt=2**63)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    n: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    verification: Verification | None = None
+    speculative: Speculative | None = None
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``: one prompt (text, or token ids)."""
+
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+
+
+class ChatCompletionRequest(_Common):
+    """``POST /v1/chat/completions``: a list of messages rendered with the model's chat template."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+
+
+def _param(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[int]", "list[str]", "list[list[int]]", "int", "literal['auto']"):
+            continue  # pydantic's union branch names
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse_body(raw: bytes, model: type[_Common]) -> _Common:
+    """Parse a JSON body into ``model``: 400 naming the problem for malformed JSON, refused, unknown or invalid
+    fields."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    for name in IGNORED:
+        data.pop(name, None)
+    for name, ok in UNSUPPORTED.items():
+        if name in data and not ok(data[name]):
+            raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_field")
+        data.pop(name, None)
+    if data.get("n") not in (None, 1):
+        raise APIError(400, f"n must be 1 (one choice per request), got {data['n']!r}", param="n",
+                       code="unsupported_field")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param(err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise APIError(400, f"unknown field {param!r}", param=param, code="unknown_field") from None
+        raise APIError(400, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
+
+
+@dataclass
+class Limits:
+    """Server-wide limits (``verispec serve`` options)."""
+
+    #: longest prompt accepted (None: whatever leaves room in the model's context)
+    max_prompt_tokens: int | None = None
+    #: largest max_tokens a request may ask for
+    max_tokens_limit: int = 4096
+    #: max_tokens of a completion that gives none (the OpenAI API's default for /v1/completions)
+    default_completion_tokens: int = 16
+
+
+@dataclass
+class Settings:
+    """A request's validated generation settings (everything but the prompt)."""
+
+    rule: rules.Rule
+    sampling: SamplingConfig
+    gamma: int | str | None
+    max_tokens: int | None
+    stop: list[str]
+    seed: int
+    stream: bool
+    include_usage: bool
+
+    @classmethod
+    def of(cls, req: _Common) -> Settings:
+        """Map the OpenAI fields onto verispec's rule, sampling and draft settings (APIError on bad values)."""
+        v = req.verification or Verification()
+        if v.rule not in rules.REGISTRY:
+            raise APIError(400, f"unknown rule {v.rule!r}; known rules: {', '.join(rules.REGISTRY)}",
+                           param="verification.rule", code="invalid_value")
+        try:
+            rule = rules.get(v.rule, **v.params)
+        except (ValueError, TypeError) as exc:
+            raise APIError(400, f"verification.params: {exc}", param="verification.params",
+                           code="invalid_value") from None
+        gamma = (req.speculative or Speculative()).gamma
+        if isinstance(gamma, int) and not 0 <= gamma <= MAX_GAMMA:
+            raise APIError(400, f"speculative.gamma must be in [0, {MAX_GAMMA}] or 'auto', got {gamma}",
+                           param="speculative.gamma", code="invalid_value")
+        try:
+            sampling = SamplingConfig(
+                temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                presence_penalty=req.presence_penalty or 0.0,
+            )
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
+        max_tokens = req.max_tokens
+        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            max_tokens = req.max_completion_tokens
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage)
+
+
+def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Text-only messages for the chat template (system, developer, user, assistant)."""
+    out = []
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, got {role!r}",
+                           param=f"messages[{i}].role", code="invalid_value")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise APIError(400, f"messages[{i}]: tool calls are not supported by this server",
+                           param=f"messages[{i}].tool_calls", code="unsupported_field")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise APIError(400, f"messages[{i}].content: only text content parts are supported",
+                               param=f"messages[{i}].content", code="unsupported_field")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
+                           param=f"messages[{i}].content", code="invalid_value")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def _encode_chat(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
+    tok = engine.tokenizer
+    if tok is None or not hasattr(tok, "apply_chat_template"):
+        raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as exc:  # jinja errors of the template (e.g. roles that must alternate)
+        raise APIError(400, f"messages: the chat template refused them: {exc}", param="messages") from None
+    if hasattr(ids, "keys"):  # a BatchEncoding from tokenizers that return dicts
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def _completion_prompt(prompt: object) -> str | list[int]:
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise APIError(400, f"prompt: one prompt per request is supported, got {len(prompt)}", param="prompt",
+                           code="unsupported_field")
+        prompt = prompt[0]
+    return prompt  # type: ignore[return-value]
+
+
+def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callable[[Engine], Request]:
+    """The function the worker thread runs to tokenize the prompt, check the limits and build the Request."""
+    chat = isinstance(body, ChatCompletionRequest)
+    messages = _chat_messages(body.messages) if chat else None  # type: ignore[attr-defined]
+    prompt = None if chat else _completion_prompt(body.prompt)  # type: ignore[attr-defined]
+
+    def build(engine: Engine) -> Request:
+        if messages is not None:
+            ids = _encode_chat(engine, messages)
+        else:
+            try:
+                ids = engine.encode(prompt)  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise APIError(400, f"prompt: {exc}", param="prompt") from None
+        param = "messages" if chat else "prompt"
+        if not ids:
+            raise APIError(400, f"{param}: empty prompt", param=param)
+        vocab = engine.target.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise APIError(400, f"{param}: token id out of the vocabulary [0, {vocab})", param=param)
+        if getattr(engine.drafter, "name", "") == "tree":
+            try:
+                check_tree_rule(settings.rule)
+            except ValueError as exc:
+                raise APIError(400, f"verification.rule: {exc}", param="verification.rule") from None
+        context = engine.target.max_context
+        if len(ids) >= context:
+            raise APIError(400, f"{param}: the prompt has {len(ids)} tokens; the model's context is {context} "
+                           "tokens, which leaves no room for an answer", param=param, code="context_length_exceeded")
+        if limits.max_prompt_tokens is not None and len(ids) > limits.max_prompt_tokens:
+            raise APIError(400, f"{param}: the prompt has {len(ids)} tokens, over this server's limit of "
+                           f"{limits.max_prompt_tokens} (--max-prompt-tokens)", param=param,
+                           code="context_length_exceeded")
+        max_tokens = settings.max_tokens
+        name = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"  # type: ignore[attr-defined]
+        if max_tokens is not None and max_tokens > limits.max_tokens_limit:
+            raise APIError(400, f"{name} {max_tokens} exceeds this server's limit of {limits.max_tokens_limit} "
+                           "(--max-tokens-limit)", param=name, code="invalid_value")
+        room = context - len(ids)
+        if max_tokens is not None and max_tokens > room:
+            raise APIError(400, f"{name}: the prompt has {len(ids)} tokens and {name} asks for {max_tokens}, over "
+                           f"the model's context of {context} tokens", param=name, code="context_length_exceeded")
+        if max_tokens is None:
+            default = limits.max_tokens_limit if chat else limits.default_completion_tokens
+            max_tokens = min(default, room)
+        return Request(ids, rule=settings.rule, sampling=settings.sampling, gamma=settings.gamma,
+                       max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed)
+
+    return build

@@ -1,0 +1,94 @@
+"""OpenAI response bodies and stream chunks, plus verispec's ``verispec`` block next to ``usage``.
+
+Non-streamed: ``text_completion`` / ``chat.completion`` objects with one choice, ``usage`` and ``verispec``.
+Streamed (server-sent events, ``data: {json}\\n\\n``, then ``data: [DONE]\\n\\n``): a chat stream starts with a
+chunk carrying the assistant role; every committed piece of text is one chunk; the last choice chunk has the
+``finish_reason``; with ``stream_options.include_usage`` one more chunk follows with ``choices: []`` and
+``usage``. The ``verispec`` block rides on the very last chunk (the usage chunk when there is one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import GenerationResult
+from ..rules import Rule
+
+__all__ = ["Reply", "sse", "verispec_block"]
+
+
+def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult) -> dict[str, Any]:
+    """The rule that ran and the request's speculative metrics."""
+    m = result.metrics
+    return {
+        "rule": rule.name,
+        "rule_params": {k: v for k, v in rule.params.items()},
+        "lossless": rule.lossless,
+        "gamma": gamma,
+        "metrics": {
+            "block_efficiency": m.block_efficiency,
+            "accepted_fraction": m.accepted_fraction,
+            "tokens_per_round": m.tokens_per_round,
+            "drafted": m.drafted,
+            "accepted": m.accepted,
+            "rounds": m.rounds,
+            "acceptance_per_position": m.acceptance_per_position,
+        },
+    }
+
+
+def usage(result: GenerationResult) -> dict[str, int]:
+    p, c = len(result.prompt_ids), len(result.token_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def sse(obj: dict[str, Any] | str) -> str:
+    """One server-sent event (``[DONE]`` is passed as the string)."""
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+@dataclass
+class Reply:
+    """Builds the bodies of one response: ``chat`` selects chat.completion(.chunk) over text_completion."""
+
+    chat: bool
+    model: str
+    id: str = field(default="")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, text: str, finish_reason: str, result: GenerationResult, block: dict[str, Any]) -> dict[str, Any]:
+        """The non-streamed response."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            body = self._head("text_completion")
+        return {**body, "choices": [choice], "usage": usage(result), "verispec": block}
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict[str, Any]:
+        """A stream chunk with one choice: a text delta, the opening role (chat) or the finish reason."""
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage(result)}

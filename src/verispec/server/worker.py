@@ -1,0 +1,215 @@
+"""The one thread that owns the engine: it admits requests into the Scheduler and steps it while work exists.
+
+Every use of the engine (tokenizing a prompt, ``Engine.start`` inside ``Scheduler.submit``, rounds, releasing
+rows, detokenizing in the listeners) happens on this thread, so the engine and its KV caches never see two
+threads at once. HTTP handlers hand over a :class:`Job` (a ``build`` function that returns the
+:class:`~verispec.engine.Request`, run here at once, plus a :class:`JobListener`) and are told what happens
+through the listener, always from this thread:
+
+- ``admitted()``: ``build`` succeeded; the request waits for a batch slot or runs;
+- ``rejected(exc)``: ``build`` or ``Scheduler.submit`` raised (bad input), the job was cancelled before it ran,
+  or the server stopped; nothing ran;
+- ``tokens(ids)``: the ids a round committed (streaming);
+- ``done(handle)``: the handle is finished (``handle.result``; ``handle.error`` when its round failed;
+  ``finish_reason == "cancelled"`` when it was cancelled while running).
+
+Built requests wait HERE, not in the Scheduler's queue, until the batch has a free slot: ``Scheduler.submit``
+allocates the request's engine rows at once, and the transformers backend runs every allocated row in every
+forward, so a request waiting inside the Scheduler would cost compute in each round of the running ones (and
+take the single-row fast path away).
+
+A round that raises fails only the rows of that round (the Scheduler marks them and re-raises); the worker
+counts it and goes on. A listener that raises is logged and ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from ..engine import Engine, Request
+from ..scheduler import Handle, Scheduler
+
+__all__ = ["Job", "JobListener", "Worker"]
+
+log = logging.getLogger(__name__)
+
+
+class JobListener(Protocol):
+    """What a job's owner is told (on the worker thread; see the module docstring)."""
+
+    def admitted(self) -> None: ...
+
+    def rejected(self, exc: Exception) -> None: ...
+
+    def tokens(self, ids: list[int]) -> None: ...
+
+    def done(self, handle: Handle) -> None: ...
+
+
+class Job:
+    """A request on its way through the worker: ``build`` runs on the worker thread and returns the Request."""
+
+    def __init__(self, build: Callable[[Engine], Request], listener: JobListener) -> None:
+        self.build, self.listener = build, listener
+        self.request: Request | None = None
+        self.handle: Handle | None = None
+        self.cancelled = False
+
+
+class Worker:
+    """Owns a :class:`~verispec.scheduler.Scheduler` over ``engine`` and steps it on a background thread.
+
+    ``observe(worker)`` is called on the worker thread after every admission pass and round (metrics gauges);
+    ``on_round_error(exc)`` after a round that raised.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch: int = 8,
+        observe: Callable[[Worker], None] | None = None,
+        on_round_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.scheduler = Scheduler(engine, max_batch=max_batch)
+        self._observe, self._on_round_error = observe, on_round_error
+        self._cv = threading.Condition()
+        self._pending: deque[Job] = deque()  # handed over, not built yet
+        self._ready: deque[Job] = deque()  # built, waiting for a batch slot
+        self._jobs: list[Job] = []  # admitted, not yet done
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.round_failures = 0
+
+    # -- called from any thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="verispec-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop stepping: jobs still pending are rejected, running ones cancelled; waits for the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def pending(self) -> int:
+        """Jobs handed over but not yet in the Scheduler (being built, or waiting for a batch slot)."""
+        return len(self._pending) + len(self._ready)
+
+    def submit(self, job: Job) -> None:
+        """Hand a job over; its listener hears back on the worker thread."""
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            self._pending.append(job)
+            self._cv.notify_all()
+
+    def cancel(self, job: Job) -> None:
+        """Cancel a job (client gone): a pending job is rejected, a running row leaves at the next round."""
+        with self._cv:
+            job.cancelled = True
+            if job.handle is not None:
+                self.scheduler.cancel(job.handle)
+            self._cv.notify_all()
+
+    # -- the worker thread ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._pending and not self._ready and self.scheduler.idle:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                pending = list(self._pending)
+                self._pending.clear()
+            for job in pending:
+                self._build(job)
+            self._admit()
+            self._call_observe()
+            if not self.scheduler.idle:
+                try:
+                    self.scheduler.step()
+                except Exception as exc:  # the Scheduler already failed this round's rows
+                    self.round_failures += 1
+                    log.exception("an engine round failed; its requests get the error, the server goes on")
+                    if self._on_round_error is not None:
+                        self._safe(self._on_round_error, exc)
+            self._reap()
+            self._call_observe()
+        self._shutdown()
+
+    def _build(self, job: Job) -> None:
+        if job.cancelled:
+            self._safe(job.listener.rejected, RuntimeError("cancelled before it started"))
+            return
+        try:
+            job.request = job.build(self.engine)
+        except Exception as exc:  # bad input: the listener turns it into a 4xx
+            self._safe(job.listener.rejected, exc)
+            return
+        self._ready.append(job)
+        self._safe(job.listener.admitted)
+
+    def _admit(self) -> None:
+        """Move built jobs into the Scheduler while the batch has free slots."""
+        sched = self.scheduler
+        while self._ready and len(sched.running) + sched.queue_depth < sched.max_batch:
+            job = self._ready.popleft()
+            if job.cancelled:
+                self._safe(job.listener.rejected, RuntimeError("cancelled before it started"))
+                continue
+            try:
+                job.handle = sched.submit(job.request, on_tokens=lambda _h, ids, j=job: self._safe(j.listener.tokens,
+                                                                                                  ids))
+            except Exception as exc:  # the engine's own validation (after admitted(): reported as a failure)
+                self._safe(job.listener.rejected, exc)
+                continue
+            self._jobs.append(job)
+            if job.cancelled:
+                sched.cancel(job.handle)
+
+    def _reap(self) -> None:
+        for job in [j for j in self._jobs if j.handle is not None and j.handle.done]:
+            self._jobs.remove(job)
+            self._safe(job.listener.done, job.handle)
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            pending = list(self._pending) + list(self._ready)
+            self._pending.clear()
+            self._ready.clear()
+        for job in pending:
+            self._safe(job.listener.rejected, RuntimeError("the server is shutting down"))
+        for job in self._jobs:
+            self.scheduler.cancel(job.handle)  # type: ignore[arg-type]
+        try:
+            while not self.scheduler.idle:  # cancelled rows are retired without running a round
+                self.scheduler.step()
+        except Exception:
+            log.exception("releasing rows at shutdown failed")
+        self._reap()
+        self._call_observe()
+
+    def _call_observe(self) -> None:
+        if self._observe is not None:
+            self._safe(self._observe, self)
+
+    @staticmethod
+    def _safe(fn: Callable, *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("a worker callback raised (ignored)")
