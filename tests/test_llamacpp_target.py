@@ -109,7 +109,7 @@ def test_speculative_greedy_equals_target_only(engine, drafter):
     assert equal >= 1
 
 
-N_SEQ = 1200
+N_SEQ = 600
 ALPHA = 1e-4
 
 
@@ -131,7 +131,7 @@ def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig):
 def test_sampled_law_is_the_llamacpp_target_law(engine):
     """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 3),
     whole 2-token continuations: chi-square goodness of fit to the target's exact law (its own processed
-    llama.cpp distributions), N = 1200 continuations (seeds 0..N-1, 6 rows per batch), alpha = 1e-4, bins with
+    llama.cpp distributions), N = 600 continuations (seeds 0..N-1, 6 rows per batch), alpha = 1e-4, bins with
     expected count < 5 pooled, hard failure on a zero-probability sample. The test can fail: the exact law of the
     wrong rule (naive resampling) on the same pair is far enough that this N rejects it with power > 0.99."""
     from scipy.stats import chi2, ncx2
