@@ -8,6 +8,8 @@ A config (see ``configs/*.toml``)::
     gamma = 5                   # draft length
     max_new_tokens = 256
     pair_baselines = true       # add each lossy method's matched baseline to the grid (default true)
+    coupling = "common"         # "common" (default): all methods of a (problem, seed) share random numbers;
+                                # "independent": each method draws its own (see below)
 
     [sampling]                  # optional, other SamplingConfig fields applied to target and draft
     top_p = 0.95
