@@ -120,3 +120,17 @@ def test_shared_prefix_statistic():
     assert res["shared_prefix"] == pytest.approx((3 + 2 + 1) / 3)
     assert res["identical"] == pytest.approx(1 / 3)
     assert res["mean_tokens"] == pytest.approx((3 + 3 + 4) / 3)
+
+
+def test_demo_configs_differ_only_in_coupling():
+    from pathlib import Path
+
+    from verispec.eval.sweep import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    common = load_config(repo / "configs" / "coupling_demo.toml")
+    independent = load_config(repo / "configs" / "coupling_demo_independent.toml")
+    assert (common.coupling, independent.coupling) == ("common", "independent")
+    a, b = common.to_json(), independent.to_json()
+    assert {k for k in a if a[k] != b[k]} == {"name", "coupling"}
+    assert [m.label for m in common.methods] == ["lossless", "minp-sampling(p_base=0.3)", "spec-cascade(p_base=0.3)"]
