@@ -77,6 +77,7 @@ def test_coupling_table_on_toy_runs(toy_runs):
     assert row["n_common"] == row["n_independent"] == 8
     assert row["var_be_common"] == 0.0 and row["var_acc_common"] == 0.0
     assert row["var_be_independent"] > 0 and math.isinf(row["ratio_be"])
+    assert row["ratio_be_lo"] > 1  # every bootstrap resample: var common 0, var independent > 0
     assert tab.loc["minp-sampling(p_base=0.3)", "baseline"] == "lossless"
 
 

@@ -35,7 +35,8 @@ import pandas as pd
 from .report import load_frame
 
 __all__ = ["CLAIMS", "AVAILABLE_PAIRS", "Claim", "coupling_table", "design_effect", "n_for_halfwidth", "n_required",
-           "paired_differences", "paired_summary", "plan_markdown", "power_markdown", "power_table", "throughput"]
+           "paired_differences", "paired_summary", "plan_markdown", "power_markdown", "power_table", "ratio_ci",
+           "throughput"]
 
 ALPHA = 0.05
 POWER = 0.80
@@ -233,9 +234,32 @@ def throughput(run_dir: str | Path) -> dict:
             "unit_s_mean": float(np.mean([r["timings"]["total_s"] for r in recs]))}
 
 
+def ratio_ci(common: pd.DataFrame, independent: pd.DataFrame, col: str, n_boot: int = 2000, seed: int = 0
+             ) -> tuple[float, float]:
+    """95% percentile interval of var(independent) / var(common) of ``col``: problems resampled with
+    replacement in each run on its own (the two runs are independent; seeds of a problem move together)."""
+    rng = np.random.default_rng(seed)
+
+    def groups(d: pd.DataFrame) -> list[np.ndarray]:
+        return [g[col].to_numpy(float) for _, g in d.groupby(["task", "problem_id"])]
+
+    gc, gi = groups(common), groups(independent)
+    if len(gc) < 2 or len(gi) < 2:
+        return math.nan, math.nan
+    ratios = np.empty(n_boot)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for b in range(n_boot):
+            vc = np.concatenate([gc[j] for j in rng.integers(0, len(gc), len(gc))]).var(ddof=1)
+            vi = np.concatenate([gi[j] for j in rng.integers(0, len(gi), len(gi))]).var(ddof=1)
+            ratios[b] = vi / vc if vc > 0 else (math.inf if vi > 0 else math.nan)
+    lo, hi = np.nanpercentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def coupling_table(common_dir: str | Path, independent_dir: str | Path) -> pd.DataFrame:
     """For every (lossy, baseline) pair of the two runs (and min-p vs lossless where both exist), the paired
-    variance of d_acc and d_be under each coupling and the ratio independent / common."""
+    variance of d_acc and d_be under each coupling, the ratio independent / common and its 95% bootstrap
+    interval (:func:`ratio_ci`)."""
     frames = {"common": load_frame(common_dir), "independent": load_frame(independent_dir)}
     pairs = []
     for lab, base in frames["common"].drop_duplicates("label")[["label", "baseline"]].itertuples(index=False):
@@ -246,15 +270,17 @@ def coupling_table(common_dir: str | Path, independent_dir: str | Path) -> pd.Da
     rows = []
     for lab, base in pairs:
         row = {"lossy": lab, "baseline": base}
-        for name, df in frames.items():
-            d = paired_differences(df, lab, base)
+        diffs = {name: paired_differences(df, lab, base) for name, df in frames.items()}
+        for name, d in diffs.items():
             s = paired_summary(d)
             row.update({f"n_{name}": s["n_pairs"], f"mean_acc_{name}": s["mean_acc"],
                         f"var_acc_{name}": s["sd_acc"] ** 2, f"mean_be_{name}": s["mean_be"],
                         f"var_be_{name}": s["sd_be"] ** 2, f"discordant_{name}": s["discordant"]})
         for m in ("acc", "be"):
             c = row[f"var_{m}_common"]
-            row[f"ratio_{m}"] = row[f"var_{m}_independent"] / c if c > 0 else math.inf
+            v = row[f"var_{m}_independent"]
+            row[f"ratio_{m}"] = v / c if c > 0 else (math.inf if v > 0 else math.nan)
+            row[f"ratio_{m}_lo"], row[f"ratio_{m}_hi"] = ratio_ci(diffs["common"], diffs["independent"], f"d_{m}")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -308,12 +334,15 @@ def plan_markdown(table: pd.DataFrame, units_per_hour: float) -> str:
 
 def coupling_markdown(table: pd.DataFrame) -> str:
     header = ["lossy", "baseline", "pairs (common / indep.)", "mean dAcc pp (c / i)", "var dAcc (c / i)",
-              "ratio acc", "mean dBE (c / i)", "var dBE (c / i)", "ratio BE", "discordant pass/fail (c / i)"]
+              "ratio acc [95% CI]", "mean dBE (c / i)", "var dBE (c / i)", "ratio BE [95% CI]",
+              "discordant pass/fail (c / i)"]
     rows = [[r["lossy"], r["baseline"], f"{r['n_common']} / {r['n_independent']}",
              f"{_fmt(r['mean_acc_common'], 1)} / {_fmt(r['mean_acc_independent'], 1)}",
-             f"{_fmt(r['var_acc_common'], 0)} / {_fmt(r['var_acc_independent'], 0)}", _fmt(r["ratio_acc"]),
+             f"{_fmt(r['var_acc_common'], 0)} / {_fmt(r['var_acc_independent'], 0)}",
+             f"{_fmt(r['ratio_acc'])} [{_fmt(r['ratio_acc_lo'])}, {_fmt(r['ratio_acc_hi'])}]",
              f"{_fmt(r['mean_be_common'], 3)} / {_fmt(r['mean_be_independent'], 3)}",
-             f"{_fmt(r['var_be_common'], 4)} / {_fmt(r['var_be_independent'], 4)}", _fmt(r["ratio_be"]),
+             f"{_fmt(r['var_be_common'], 4)} / {_fmt(r['var_be_independent'], 4)}",
+             f"{_fmt(r['ratio_be'])} [{_fmt(r['ratio_be_lo'])}, {_fmt(r['ratio_be_hi'])}]",
              f"{100 * r['discordant_common']:.0f}% / {100 * r['discordant_independent']:.0f}%"]
             for _, r in table.iterrows()]
     return _md(header, rows)
