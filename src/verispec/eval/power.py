@@ -252,6 +252,8 @@ def ratio_ci(common: pd.DataFrame, independent: pd.DataFrame, col: str, n_boot: 
             vc = np.concatenate([gc[j] for j in rng.integers(0, len(gc), len(gc))]).var(ddof=1)
             vi = np.concatenate([gi[j] for j in rng.integers(0, len(gi), len(gi))]).var(ddof=1)
             ratios[b] = vi / vc if vc > 0 else (math.inf if vi > 0 else math.nan)
+    if np.isnan(ratios).all():  # 0 / 0 in every resample: both runs' differences are all equal
+        return math.nan, math.nan
     lo, hi = np.nanpercentile(ratios, [2.5, 97.5], method="inverted_cdf")  # no interpolation: ratios may be inf
     return float(lo), float(hi)
 
