@@ -12,7 +12,11 @@
   matched baseline, on the units both completed, paired by (task, problem, seed). 95% confidence interval by
   a paired cluster bootstrap: problems are resampled with replacement (all seeds of a problem move together,
   and lossy/baseline stay paired), 2000 resamples, percentile interval, numpy seed 0. Rows ``all settings``
-  average the per-setting deltas of one rule over its grid (bootstrapped jointly).
+  average the per-setting deltas of one rule over its grid (bootstrapped jointly). Each row also gives the
+  mean number of leading tokens the two outputs of a pair share (``shared_prefix``: the index of the first
+  differing token, the whole output when one is a prefix of the other) and the fraction of pairs whose outputs
+  are token-identical (``identical``): with common random numbers (``coupling = "common"``) a pair only differs
+  after its first diverging decision.
 * ``tradeoff.png`` (Figures 3 and 6): BE vs accuracy, one marker per setting, lines through each rule's
   settings in parameter order, plain lossless SD as a star with dashed reference lines.
 * ``be_vs_param.png`` (Figure 5): BE vs each swept parameter, mean +- std band over seeds, lossless dashed.
@@ -33,7 +37,8 @@ import pandas as pd
 from .metrics import record_accepted_fraction, record_emitted_accepted
 from .runner import read_results
 
-__all__ = ["first_difference", "load_frame", "paired_delta", "per_seed", "per_setting", "write_report"]
+__all__ = ["first_difference", "load_frame", "paired_delta", "per_seed", "per_setting", "shared_prefix",
+           "write_report"]
 
 N_BOOT = 2000
 BOOT_SEED = 0
@@ -156,7 +161,7 @@ class _quiet:
 
 
 def _pairs(df: pd.DataFrame, lossy: str, base: str, tasks: Sequence[str]) -> pd.DataFrame:
-    keep = ["task", "problem_id", "seed", "accepted", "rounds", "passed", "new_tokens", "total_s"]
+    keep = ["task", "problem_id", "seed", "accepted", "rounds", "passed", "new_tokens", "total_s", "token_ids"]
     a = df[(df["label"] == lossy) & df["task"].isin(tasks)][keep]
     b = df[(df["label"] == base) & df["task"].isin(tasks)][keep]
     m = a.merge(b, on=["task", "problem_id", "seed"], suffixes=("_l", "_b"))
@@ -165,6 +170,19 @@ def _pairs(df: pd.DataFrame, lossy: str, base: str, tasks: Sequence[str]) -> pd.
     for c in ("passed_l", "passed_b"):
         m[c] = m[c].astype(float)
     return m
+
+
+def shared_prefix(pairs: pd.DataFrame) -> dict:
+    """Mean shared prefix (tokens) of the paired outputs (``token_ids_l`` / ``token_ids_b`` columns), the
+    fraction of token-identical pairs, and the mean length of the two outputs (for scale)."""
+    a, b = pairs["token_ids_l"].tolist(), pairs["token_ids_b"].tolist()
+    prefix = [_first_token_difference(x, y) for x, y in zip(a, b, strict=True)]
+    same = [list(x) == list(y) for x, y in zip(a, b, strict=True)]
+    length = [(len(x) + len(y)) / 2 for x, y in zip(a, b, strict=True)]
+    n = len(prefix)
+    return {"shared_prefix": float(np.mean(prefix)) if n else math.nan,
+            "identical": float(np.mean(same)) if n else math.nan,
+            "mean_tokens": float(np.mean(length)) if n else math.nan}
 
 
 def delta_table(df: pd.DataFrame, order: list[str], n_boot: int = N_BOOT) -> pd.DataFrame:
@@ -191,7 +209,7 @@ def delta_table(df: pd.DataFrame, order: list[str], n_boot: int = N_BOOT) -> pd.
                 res = paired_delta(p, n_boot=n_boot)
                 rows.append({"rule": rule, "setting": name,
                              "baseline": members[0][1] if len(members) == 1 else "matched baselines",
-                             "task": scope, **res})
+                             "task": scope, **res, **shared_prefix(p)})
     return pd.DataFrame(rows)
 
 
@@ -319,10 +337,13 @@ def _ci(point: float, lo: float, hi: float, digits: int) -> str:
 
 
 def _delta_md(dt: pd.DataFrame) -> str:
-    header = ["Lossy setting", "Matched baseline", "Task", "pairs", "Δ BE [95% CI]", "Δ Acc pp [95% CI]", "Δ DS"]
+    header = ["Lossy setting", "Matched baseline", "Task", "pairs", "Δ BE [95% CI]", "Δ Acc pp [95% CI]", "Δ DS",
+              "shared prefix (tokens of mean length; identical)"]
     rows = [[r["setting"], r["baseline"], r["task"], f"{r['n_pairs']} ({r['n_problems']} problems)",
              _ci(r["d_be"], r["d_be_lo"], r["d_be_hi"], 3), _ci(r["d_acc"], r["d_acc_lo"], r["d_acc_hi"], 1),
-             f"{r['d_ds']:+.2f}" if not math.isnan(r["d_ds"]) else "-"] for _, r in dt.iterrows()]
+             f"{r['d_ds']:+.2f}" if not math.isnan(r["d_ds"]) else "-",
+             f"{r['shared_prefix']:.1f} of {r['mean_tokens']:.1f}; {100 * r['identical']:.0f}%"]
+            for _, r in dt.iterrows()]
     return _md_table(header, rows)
 
 
@@ -502,7 +523,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     settings = {k: cfg.get(k) for k in ("temperature", "sampling", "gamma", "max_new_tokens", "target", "draft",
-                                        "drafter", "dtype", "baseline_draft_truncation")}
+                                        "drafter", "dtype", "baseline_draft_truncation", "coupling")}
     rule_order = list(dict.fromkeys(df.set_index("label").loc[order]["method"]))
     n_err = 0
     if (run_dir / "errors.jsonl").exists():
@@ -541,7 +562,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
         "",
         "Δ = lossy − matched baseline on the (problem, seed) pairs both completed. 95% CI: paired cluster "
         f"bootstrap over problems ({n_boot} resamples, percentile interval, seed {BOOT_SEED}); no CI with a "
-        "single problem. Δ DS is a point estimate (timings are noisy on a shared machine).",
+        "single problem. Δ DS is a point estimate (timings are noisy on a shared machine). Shared prefix: mean "
+        "number of leading tokens the lossy and the baseline output of a pair have in common (the first diverging "
+        "token), next to the mean output length, and the % of pairs with token-identical outputs.",
         "",
         _delta_md(dt) if not dt.empty else "No lossy setting with its matched baseline in this run.",
         "",

@@ -382,6 +382,9 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     # runs made before the option existed ran their baselines with the draft truncated too
     if old.get("baseline_draft_truncation", "same") != new.get("baseline_draft_truncation", "same"):
         diff.append("baseline_draft_truncation")
+    # runs made before the option existed shared the random numbers across methods ("common")
+    if old.get("coupling", "common") != new.get("coupling", "common"):
+        diff.append(f"coupling {old.get('coupling', 'common')!r} vs {new.get('coupling', 'common')!r}")
     if cfg.uses_draft and old.get("draft") != new.get("draft"):
         diff.append("draft")
     old_tasks = {t["name"]: t.get("max_new_tokens") for t in old.get("tasks", [])}

@@ -8,6 +8,8 @@ A config (see ``configs/*.toml``)::
     gamma = 5                   # draft length
     max_new_tokens = 256
     pair_baselines = true       # add each lossy method's matched baseline to the grid (default true)
+    coupling = "common"         # "common" (default): all methods of a (problem, seed) share random numbers;
+                                # "independent": each method draws its own (see below)
 
     [sampling]                  # optional, other SamplingConfig fields applied to target and draft
     top_p = 0.95
@@ -52,10 +54,18 @@ by lam. The ``cos-we`` preset therefore lists lam = 1 - t for Table 4's t = 0.2,
 has Eq. 2's direction and is used as printed.
 
 A :class:`WorkUnit` carries everything that determines its result (generation settings, rule, parameters,
-task, problem id, seed), so units can run in any order, on any machine. The generation seed of a unit is a
-hash of (seed, task, problem id) and does NOT depend on the method: all methods of one (problem, seed) draw
-the same random numbers (common random numbers), so matched pairs share draft trajectories until they
-diverge, and paired differences have less noise.
+task, problem id, seed), so units can run in any order, on any machine.
+
+``coupling = "common" | "independent"`` (top level, default "common") decides how the methods of one
+(task, problem, seed) share randomness. "common": the generation seed of a unit is a hash of (seed, task,
+problem id) and does NOT depend on the method, so all methods draw the same random numbers (common random
+numbers; App. C: the baseline reuses the same draft trajectories). The engine consumes them identically under
+every rule (the draft's samples, gamma uniforms and one for the final token per round), so a lossy setting and
+its matched baseline share the draft trajectory and the uniforms until their first diverging decision, and
+their paired differences have less noise. "independent": the method label is hashed into the seed as well,
+so every method of a (problem, seed) draws its own random numbers (the variance of unpaired runs, for
+comparison). The value is stored in every result line (``settings``); a run directory made with one value
+refuses to resume with the other; result files written before the option existed were "common".
 """
 
 from __future__ import annotations
@@ -84,6 +94,7 @@ __all__ = [
     "WorkUnit",
     "expand",
     "expand_methods",
+    "COUPLINGS",
     "generation_seed",
     "load_config",
     "parse_config",
@@ -115,13 +126,17 @@ PRESETS: dict[str, dict[str, list[float]]] = {
 }
 #: draft_truncation of result files written before the option existed (q was always truncated then)
 LEGACY_DRAFT_TRUNCATION = "same"
+#: how the methods of one (task, problem, seed) share random numbers (module docstring); runs made before the
+#: option existed used "common"
+COUPLINGS = ("common", "independent")
+LEGACY_COUPLING = "common"
 PAPER_SEEDS = [0, 1, 2]
 # drafters a sweep may use (verispec.config.DRAFTERS); "tree": default tree of depth gamma, per_round (depth, accepted)
 DRAFTERS = tuple(_DRAFTER_SPECS)
 DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if spec.uses_draft_model)
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
-             "tasks", "methods", "baseline_draft_truncation"}
+             "tasks", "methods", "baseline_draft_truncation", "coupling"}
 _MODEL_KEYS = {"target", "draft", "drafter", "target_backend", "dtype", "threads", "device"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens"}
 _METHOD_KEYS = {"rule", "params"}
@@ -267,6 +282,7 @@ class SweepConfig:
     device: str = "cpu"
     pair_baselines: bool = True
     baseline_draft_truncation: str = "none"
+    coupling: str = "common"
     raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
 
     @property
@@ -296,6 +312,7 @@ class SweepConfig:
             "target_backend": self.target_backend,
             "dtype": self.dtype,
             "baseline_draft_truncation": self.baseline_draft_truncation,
+            "coupling": self.coupling,
         }
 
     def baseline_of(self, method: MethodSetting) -> MethodSetting:
@@ -343,6 +360,7 @@ class SweepConfig:
             device=d.get("device", "cpu"),
             pair_baselines=d.get("pair_baselines", True),
             baseline_draft_truncation=d.get("baseline_draft_truncation", LEGACY_DRAFT_TRUNCATION),
+            coupling=d.get("coupling", LEGACY_COUPLING),
         )
 
     def restricted(self, limit: int | None = None, tasks: Sequence[str] | None = None,
@@ -415,6 +433,9 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     draft_truncation = data.get("baseline_draft_truncation", "none")
     if draft_truncation not in ("none", "same"):
         raise ValueError(f"baseline_draft_truncation must be 'none' or 'same', got {draft_truncation!r}")
+    coupling = data.get("coupling", "common")
+    if coupling not in COUPLINGS:
+        raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {coupling!r}")
     methods = tuple(expand_methods(raw, pair, draft_truncation))
     seeds = data.get("seeds", PAPER_SEEDS)
     seeds = tuple(_int("seed", s, 0) for s in ([seeds] if isinstance(seeds, int) else seeds))
@@ -454,6 +475,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         device=str(models.get("device", "cpu")),
         pair_baselines=pair,
         baseline_draft_truncation=draft_truncation,
+        coupling=coupling,
         raw_methods=tuple(raw),
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table
@@ -489,9 +511,11 @@ def load_config(path: str | Path) -> SweepConfig:
 # ---------------------------------------------------------------------------------------------- work units
 
 
-def generation_seed(seed: int, task: str, problem_id: str) -> int:
-    """The engine seed of a unit: a hash of (seed, task, problem id), the same for every method."""
-    digest = hashlib.sha256(f"{seed}\x00{task}\x00{problem_id}".encode()).digest()
+def generation_seed(seed: int, task: str, problem_id: str, method: str | None = None) -> int:
+    """The engine seed of a unit: a hash of (seed, task, problem id), the same for every method (common random
+    numbers); with ``method`` (a setting's label: ``coupling = "independent"``) the label is hashed in too."""
+    text = f"{seed}\x00{task}\x00{problem_id}" + ("" if method is None else f"\x00{method}")
+    digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 
 
@@ -504,6 +528,7 @@ class WorkUnit:
     method: MethodSetting
     seed: int
     settings_json: str = "{}"
+    coupling: str = "common"
 
     @property
     def key(self) -> str:
@@ -512,7 +537,12 @@ class WorkUnit:
 
     @property
     def gen_seed(self) -> int:
-        return generation_seed(self.seed, self.task, self.problem_id)
+        """:func:`generation_seed` of the unit: shared by all methods with ``coupling = "common"``, one per
+        method label with ``"independent"``."""
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+        method = self.method.label if self.coupling == "independent" else None
+        return generation_seed(self.seed, self.task, self.problem_id, method)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -536,7 +566,7 @@ def expand(cfg: SweepConfig, problem_ids: Mapping[str, Sequence[str]]) -> list[W
                     continue
                 pid = problem_ids[spec.name][i]
                 for m in cfg.methods:
-                    units.append(WorkUnit(spec.name, str(pid), m, seed, settings_json[spec.name]))
+                    units.append(WorkUnit(spec.name, str(pid), m, seed, settings_json[spec.name], cfg.coupling))
     keys = [u.key for u in units]
     if len(set(keys)) != len(keys):
         raise ValueError("the grid has duplicate unit keys (a task listed twice, or duplicate problem ids)")
