@@ -144,6 +144,12 @@ def main() -> None:
             ARGS.gamma, "constant", 0.0)
         contenders.append(Contender("hf-assisted", lambda ids, cfg, s: hf_generate(t_model, ids, cfg, s, eos, n,
                                                                                    draft_model)))
+        if ARGS.hf_chain:  # verispec on the transformers target (the default engine): the previous README contenders
+            from verispec.drafters import NgramDrafter
+
+            contenders.append(Contender("verispec-hf-chain", engine_run(hf, ARGS.gamma)))
+            contenders.append(Contender("verispec-hf-ngram",
+                                        engine_run(Engine(hf.target, NgramDrafter(), tok, eos), ARGS.gamma)))
         if ARGS.hf_target_only:
             contenders.append(Contender("hf-target-only", lambda ids, cfg, s: hf_generate(t_model, ids, cfg, s, eos,
                                                                                           n)))
@@ -229,6 +235,8 @@ if __name__ == "__main__":
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                     help="transformers assisted generation (bf16) as the second reference")
     ap.add_argument("--hf-target-only", action=argparse.BooleanOptionalAction, default=False)
+    ap.add_argument("--hf-chain", action=argparse.BooleanOptionalAction, default=False,
+                    help="also verispec on the transformers target (draft model chain and n-gram, gamma --gamma)")
     ap.add_argument("--cost-repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ARGS = ap.parse_args()
