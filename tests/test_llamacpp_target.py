@@ -113,15 +113,28 @@ N_SEQ = 600
 ALPHA = 1e-4
 
 
-def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig):
-    """prefix -> the backend's processed next-token distribution (float64), one row per call, cached."""
+#: llama.cpp's logits move by ~0.1 between batch shapes and even between rows of one batch (measured: the prompt
+#: below, 3rd vs 4th candidate 16.05 vs 15.97 alone, 15.96 vs 15.86 as row 0 of a 6-row batch); a top-k support is
+#: only the same in every batch shape if the k-th and (k+1)-th logits are further apart than that
+SUPPORT_GAP = 0.5
+
+
+def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = True):
+    """prefix -> the backend's processed next-token distribution (float64), one row per call, cached. With
+    ``check_gap``, fail when the top-k boundary is a near-tie (the support would depend on the batch shape)."""
     from verispec.processors import process
 
     row, cache = backend.add_row(), {}
 
     def fn(prefix: tuple[int, ...]) -> torch.Tensor:
         if prefix not in cache:
-            cache[prefix] = process(backend.score([ScoreRequest(row, list(prefix))])[0][0], cfg).double()
+            logits = backend.score([ScoreRequest(row, list(prefix))])[0][0]
+            if check_gap and cfg.top_k:
+                top = logits.topk(cfg.top_k + 1).values
+                if float(top[-2] - top[-1]) < SUPPORT_GAP:
+                    pytest.fail(f"top-{cfg.top_k} boundary is a near-tie after {prefix[-3:]}: "
+                                f"{float(top[-2]):.3f} vs {float(top[-1]):.3f}; pick another prompt or top_k")
+            cache[prefix] = process(logits, cfg).double()
         return cache[prefix]
 
     return fn
@@ -129,7 +142,7 @@ def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig):
 
 @pytest.mark.slow
 def test_sampled_law_is_the_llamacpp_target_law(engine):
-    """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 3),
+    """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 2),
     whole 2-token continuations: chi-square goodness of fit to the target's exact law (its own processed
     llama.cpp distributions), N = 600 continuations (seeds 0..N-1, 6 rows per batch), alpha = 1e-4, bins with
     expected count < 5 pooled, hard failure on a zero-probability sample. The test can fail: the exact law of the
@@ -138,14 +151,14 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
 
     from verispec.analysis import sequence_distribution
 
-    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    cfg = SamplingConfig(temperature=1.0, top_k=2)
     prompt = tuple(engine.encode("Name a prime number.", chat=True))
     d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
     p_fn = _dist_fn(engine.target, cfg)
-    q_fn = _dist_fn(d.backend, cfg)
+    q_fn = _dist_fn(d.backend, cfg, check_gap=False)  # q's support may move: the verifier gets the q it drew from
     exact = sequence_distribution("lossless", p_fn, q_fn, 2, 2, prompt)
     plain = sequence_distribution("lossless", p_fn, None, 2, 2, prompt)
-    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9) and len(exact) <= 9
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9) and len(exact) <= 4
     assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-9  # lossless: the target's own law
     naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 2, prompt)
     keys = sorted(exact, key=lambda k: -exact[k])
