@@ -47,3 +47,18 @@ def test_engine_factory_passes_it(monkeypatch):
     monkeypatch.setattr("verispec.api.load_engine", fake_load_engine)
     assert runner.default_engine_factory(_cfg(target_backend="llamacpp", drafter="ngram")) == "engine"
     assert seen["kwargs"]["target_backend"] == "llamacpp" and seen["args"][2] == "ngram"
+
+
+def test_resuming_with_another_target_backend_is_refused(tmp_path):
+    """A run directory made with the transformers target (or before the key existed) is not resumed with the
+    llama.cpp target: the results would mix two targets' numerics."""
+    import json
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    old = _cfg().to_json()
+    old.pop("target_backend")
+    (run_dir / "config.json").write_text(json.dumps(old))
+    runner._check_settings(run_dir, _cfg())  # same (hf) target: fine
+    with pytest.raises(ValueError, match="target_backend"):
+        runner._check_settings(run_dir, _cfg(target_backend="llamacpp", drafter="ngram"))

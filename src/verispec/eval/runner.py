@@ -382,6 +382,8 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     # runs made before the option existed ran their baselines with the draft truncated too
     if old.get("baseline_draft_truncation", "same") != new.get("baseline_draft_truncation", "same"):
         diff.append("baseline_draft_truncation")
+    if old.get("target_backend", "hf") != new.get("target_backend", "hf"):  # runs before the key ran transformers
+        diff.append("target_backend")
     # runs made before the option existed shared the random numbers across methods ("common")
     if old.get("coupling", "common") != new.get("coupling", "common"):
         diff.append(f"coupling {old.get('coupling', 'common')!r} vs {new.get('coupling', 'common')!r}")
