@@ -16,13 +16,13 @@ as further nodes whose ``parents`` index the pending nodes (earlier calls' first
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Backend", "ScoreRequest", "chain_parents", "common_prefix_len", "is_chain"]
+__all__ = ["Backend", "ScoreRequest", "chain_parents", "common_prefix_len", "is_chain", "plan_requests"]
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -66,6 +66,18 @@ class ScoreRequest:
             raise ValueError("a score request needs at least one history token (the root)")
         if self.ids is None and not self.tokens:
             raise ValueError("continuing a proposal needs new tokens")
+
+
+def plan_requests(requests: Sequence[ScoreRequest], plan: Callable[[ScoreRequest], Any]) -> list[Any]:
+    """``plan(request)`` for every request of one score call, refusing a row that appears twice."""
+    seen: set[int] = set()
+    plans = []
+    for req in requests:
+        if req.row in seen:
+            raise ValueError(f"row {req.row} appears twice in one score call")
+        seen.add(req.row)
+        plans.append(plan(req))
+    return plans
 
 
 @runtime_checkable

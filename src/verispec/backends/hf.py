@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .base import ScoreRequest, common_prefix_len, is_chain
+from .base import ScoreRequest, common_prefix_len, is_chain, plan_requests
 
 __all__ = ["HFBackend"]
 
@@ -169,13 +169,7 @@ class HFBackend:
         """One forward for every request; float32 logits per request (see :mod:`verispec.backends.base`)."""
         if not requests:
             return []
-        seen: set[int] = set()
-        plans = []
-        for req in requests:
-            if req.row in seen:
-                raise ValueError(f"row {req.row} appears twice in one score call")
-            seen.add(req.row)
-            plans.append(self._plan(req))
+        plans = plan_requests(requests, self._plan)
         self._relayout()
         for req, plan in zip(requests, plans, strict=True):
             if len(plan["feed"]) > self.prefill_threshold and not self._rows[req.row].tokens:

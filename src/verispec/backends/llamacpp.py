@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from ..schedule import interpolate_costs
-from .base import ScoreRequest, common_prefix_len
+from .base import ScoreRequest, common_prefix_len, plan_requests
 
 __all__ = ["DEFAULT_BLOCK_COSTS", "LlamaCppBackend", "llama_cpp_available"]
 
@@ -284,13 +284,7 @@ class LlamaCppBackend:
         """One batched ``llama_decode`` for every request; float32 logits per request (see the contract)."""
         if not requests:
             return []
-        seen: set[int] = set()
-        plans = []
-        for req in requests:
-            if req.row in seen:
-                raise ValueError(f"row {req.row} appears twice in one score call")
-            seen.add(req.row)
-            plans.append(self._plan(req))
+        plans = plan_requests(requests, self._plan)
         unbound = [self._rows[q.row] for q in requests if self._rows[q.row].seq is None]
         if len(unbound) > len(self._free_seqs):
             raise ValueError(f"more than max_rows={self.max_rows} rows scored at once: {len(unbound)} new rows but "
