@@ -1,4 +1,5 @@
-"""BFCL: per-category counts; reference calls pass; wrong names, values and shapes fail."""
+"""BFCL: per-category counts; reference calls pass; wrong names, values and shapes fail; each
+``lenient=True`` difference and each remaining difference from bfcl-eval is pinned on a hand-written case."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from collections import Counter
 
 import pytest
 
-from verispec.eval.tasks import get_task
-from verispec.eval.tasks.bfcl import CATEGORIES, CallParseError, first_allowed_call, parse_calls
+from verispec.eval.tasks import Problem, get_task
+from verispec.eval.tasks.bfcl import CATEGORIES, BFCLTask, CallParseError, first_allowed_call, parse_calls
 
 TASK = get_task("bfcl")
+LENIENT = BFCLTask(lenient=True)
 COUNTS = {"simple": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200}
 
 
@@ -67,17 +69,18 @@ def test_wrong_name_and_wrong_value_fail(category):
     assert mutated >= 0.9 * COUNTS[category]
 
 
-def test_shapes_and_leniencies():
+def test_shapes():
     p = TASK.load(subset="simple", limit=1)[0]  # calculate_triangle_area(base=10, height=5)
     ok = [
         "[calculate_triangle_area(base=10, height=5)]",
         "calculate_triangle_area(base=10, height=5)",
-        "```python\n[calculate_triangle_area(height=5, base=10, unit='units')]\n```",
-        "<TOOLCALL>[calculate_triangle_area(base=10, height=5, unit='Units')]</TOOLCALL>",
+        "```\n[calculate_triangle_area(height=5, base=10, unit='units')]\n```",
+        "[calculate_triangle_area(base=10, height=5, unit='Units')]",
         "[calculate_triangle_area(base=5*2, height=5)]",
+        "[calculate_triangle_area(base=10, height=5, unit='unit' + 's')]",
     ]
     bad = [
-        "[calculate_triangle_area(10, 5)]",  # positional
+        "[calculate_triangle_area(10, 5)]",  # positional arguments are dropped: required ones missing
         "[calculate_triangle_area(base=10)]",  # missing required
         "[calculate_triangle_area(base=10, height=5, color='red')]",  # unknown param
         "[calculate_triangle_area(base=10.5, height=5)]",  # float for integer
@@ -85,11 +88,14 @@ def test_shapes_and_leniencies():
         "[calculate_triangle_area(base=10, height=5), calculate_triangle_area(base=10, height=5)]",
         "The area is 25.",
         "[__import__('os').system('echo hi')]",
+        "```python\n[calculate_triangle_area(base=10, height=5)]\n```",  # lenient only
     ]
-    for text in ok:
-        assert TASK.grade(p, text).passed, text
-    for text in bad:
-        assert not TASK.grade(p, text).passed, text
+    for task in (TASK, LENIENT):
+        for text in ok:
+            assert task.grade(p, text).passed, text
+        for text in bad[:-1]:
+            assert not task.grade(p, text).passed, text
+    assert not TASK.grade(p, bad[-1]).passed and LENIENT.grade(p, bad[-1]).passed
 
 
 def _render(calls) -> str:
@@ -120,3 +126,96 @@ def test_parser_never_evaluates(tmp_path):
     with pytest.raises(CallParseError):
         parse_calls("[f(x=lambda: 1)]")
     assert parse_calls("[f(x=open)]") == [("f", {"x": "open"})]
+
+
+# ---------------------------------------------------------------- agreement with bfcl-eval
+
+def _fn(name, props, required=()):
+    return {"name": name, "description": "", "parameters": {
+        "type": "dict", "properties": props, "required": list(required)}}
+
+
+def _problem(functions, ground_truth, category="simple"):
+    return Problem(task="bfcl", id="hand", messages=[],
+                   reference={"functions": functions, "ground_truth": ground_truth},
+                   meta={"category": category})
+
+
+_FLOATS = _fn("f", {"xs": {"type": "array", "items": {"type": "float"}}}, ["xs"])
+_INTS = _fn("f", {"xs": {"type": "array", "items": {"type": "integer"}}}, ["xs"])
+_STRS = _fn("f", {"xs": {"type": "array", "items": {"type": "string"}}})
+_DICTS = _fn("f", {"xs": {"type": "array", "items": {"type": "dict"}}})
+_TUPLE = _fn("f", {"xs": {"type": "tuple", "items": {"type": "float"}}}, ["xs"])
+_INT = _fn("f", {"n": {"type": "integer"}})
+_STR = _fn("f", {"s": {"type": "string"}})
+_G = _fn("g", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a"])
+_TRIANGLE = [_fn("area", {"base": {"type": "integer"}, "height": {"type": "integer"}}, ["base", "height"])]
+_TRIANGLE_GT = [{"area": {"base": [10], "height": [5]}}]
+
+# (problem, completion, bfcl-eval's decision, lenient decision, why). The official decisions were
+# checked by running bfcl-eval 2026.3.23's decoder and checker on each case.
+HAND = [
+    # lenient=True: the leniencies (official rejects, lenient accepts)
+    (_problem(_TRIANGLE, _TRIANGLE_GT), "```python\n[area(base=10, height=5)]\n```", False, True,
+     "a fence with a language tag: BFCL only strips backticks, so 'python' stays in front"),
+    (_problem(_TRIANGLE, _TRIANGLE_GT), "<TOOLCALL>[area(base=10, height=5)]</TOOLCALL>", False, True,
+     "tags are only removed for models that use them (has_tool_call_tag)"),
+    (_problem(_TRIANGLE, _TRIANGLE_GT), "'[area(base=10, height=5)]'", False, True, "quotes around the answer"),
+    (_problem(_TRIANGLE, _TRIANGLE_GT), "\t[area(base=10, height=5)]", False, True,
+     "BFCL strips only backticks, newlines and spaces"),
+    (_problem([_FLOATS], [{"f": {"xs": [[1.0, 2.0]]}}]), "[f(xs=[1, 2])]", False, True,
+     "int inside a float list (BFCL converts int to float only at top level)"),
+    (_problem([_FLOATS], [{"f": {"xs": [[1.0, 2.0]]}}]), "[f(xs=(1.0, 2.0))]", False, True,
+     "a tuple for an array parameter"),
+    (_problem([_TUPLE], [{"f": {"xs": [[1.0, 2.0]]}}]), "[f(xs=(1, 2))]", False, True,
+     "int inside a tuple parameter"),
+    (_problem([_FLOATS], [{"f": {"xs": [[1.0, 2.0]]}}]), "[f(xs={1.0, 2.0})]", False, True,
+     "a set literal (BFCL's decoder has no case for ast.Set)"),
+    (_problem([_INT], [{"f": {"n": [1, ""]}}]), "[f(n=+1)]", False, True, "BFCL reads +1 as -1"),
+    (_problem([_INT], [{"f": {"n": [-1]}}]), "[f(n=-(-(-1)))]", False, True,
+     "BFCL negates only a constant operand"),
+    (_problem([_G], [{"g": {"a": [1], "b": [2, ""]}}, {"g": {"a": [1], "b": [""]}}], "parallel"),
+     "[g(a=1), g(a=1, b=2)]", False, True,
+     "greedy matching: the first entry takes g(a=1), which the second needed"),
+    # lenient=True also rejects some things BFCL accepts (its unary-operator reading)
+    (_problem([_INT], [{"f": {"n": [-1]}}]), "[f(n=+1)]", True, False, "BFCL reads +1 as -1"),
+    (_problem([_INT], [{"f": {"n": [-1]}}]), "[f(n=not True)]", True, False, "BFCL computes -True"),
+    (_problem([_INT], [{"f": {"n": [-1]}}]), "[f(n=~1)]", True, False, "BFCL computes -1 for ~1"),
+    # both modes agree with BFCL where the old checker did not
+    (_problem([_INTS], [{"f": {"xs": [[3, 5]]}}]), "[f(xs=[3.0, 5.0])]", False, False,
+     "float elements in an integer list (the old checker compared [3.0, 5.0] == [3, 5])"),
+    (_problem([_INTS], [{"f": {"xs": [[3, 5]]}}]), "[f(xs=[True, 5])]", False, False, "bool element (True == 1)"),
+    (_problem([_FLOATS], [{"f": {"xs": [[1.0, 2.0], ""]}}]), "[f(xs=[1, 2])]", True, True,
+     "an optional list: BFCL's element type check passes on the '' marker"),
+    (_problem([_STRS], [{"f": {"xs": [["a"], ""]}}]), "[f(xs=[])]", True, True,
+     "[] for an optional list: BFCL compares it with the characters of ''"),
+    (_problem([_DICTS], [{"f": {"xs": [[{"k": ["v"]}], ""]}}]), "[f(xs=[])]", True, True,
+     "[] for an optional list of dicts: len('') == 0"),
+    (_problem([_INT], [{"f": {"n": [1, ""]}}]), "[f(1)]", True, True, "positional arguments are dropped"),
+    (_problem([_STR], [{"f": {"s": ["ab"]}}]), "[f(s='a' + 'b')]", True, True, "arithmetic on literals is folded"),
+    (_problem([_INT], [{"f": {"n": [6]}}]), "[f(n=True + 5)]", True, True, "as Python folds it"),
+    (_problem([_STR], [{"f": {"s": ["ab[0]"]}}]), "[f(s=ab[0])]", True, True, "a subscript reads as its source"),
+    (_problem([_INT], [{"f": {"n": [1]}}]), "[f(**{'n': 1})]", False, False, "**kwargs: an unexpected parameter"),
+]
+
+# Where verispec still differs from bfcl-eval (docs/results/bfcl_checker.md): bfcl-eval decides
+# these with eval() or by crashing; verispec never evaluates code and rejects instead.
+REMAINING = [
+    (_problem([_INT], [{"f": {"n": [6]}}]), "[f(n=abs(-3) * 2)]", True,
+     "arithmetic on a call: BFCL runs eval('abs(-3) * 2')"),
+    (_problem([_STR], [{"f": {"s": ["ab"]}}]), "[f(s='%s' % 'ab')]", True, "%-formatting: BFCL evals it"),
+    (_problem([_DICTS], [{"f": {"xs": [[{"k": ["v"]}], ""]}}]), "[f(xs=[1])]", None,
+     "a non-dict in an optional list of dicts: BFCL's dict_checker raises AttributeError"),
+]
+
+
+@pytest.mark.parametrize("problem,text,official,lenient,why", HAND, ids=[h[-1][:40] for h in HAND])
+def test_documented_differences(problem, text, official, lenient, why):
+    assert TASK.grade(problem, text).passed is official, why
+    assert LENIENT.grade(problem, text).passed is lenient, why
+
+
+@pytest.mark.parametrize("problem,text,official,why", REMAINING, ids=[r[-1][:40] for r in REMAINING])
+def test_remaining_differences_reject(problem, text, official, why):
+    assert not TASK.grade(problem, text).passed, why
+    assert not LENIENT.grade(problem, text).passed, why
