@@ -5,22 +5,35 @@ JSON object per line: ``question``, ``function`` docs) and the same names under
 ``data/possible_answer/`` (``ground_truth``: ``[{func: {param: [allowed values]}}]``, ``""`` in a
 list marks the parameter optional). 400/200/200/200 entries. ``bfcl_eval`` is installed with
 ``--no-deps`` and never imported; this module is our own code, written after reading BFCL's
-``ast_checker.py``.
+``ast_checker.py`` and its prompting decoder (``model_handler/utils.py``).
 
 Prompt: a system message modelled on BFCL's default prompting prompt (functions as JSON, answer
 only with ``[func(a=1), other(b="x")]``), then the entry's first-turn messages.
 ``load(limit)`` interleaves the chosen categories round-robin (``subset``: category names).
 
-Grader: the completion (fences and ``<TOOLCALL>`` tags removed, wrapped in ``[...]`` if needed)
-is parsed with ``ast`` (never ``eval``); arguments must be keywords and literal values (names
-become strings, numeric ``+ - * / **`` of literals are folded, a nested call becomes its source
-text). Each call is checked as BFCL does: the function name; required parameters present; no
-parameter the doc or the possible answer lacks; types (``int`` accepted for ``float``, also
-inside lists — BFCL only at top level; tuple accepted as list); values in the allowed list,
-strings compared after BFCL's normalization (lower case, drop spaces and ``,./-_*^``, ``'``→``"``),
-lists element-wise in order, dicts key by key; absent optional parameters need ``""`` allowed.
-simple/multiple need exactly one call; parallel categories need as many calls as the ground
-truth, matched in any order (a perfect matching; BFCL matches greedily).
+Grader: by default it takes the same accept/reject decision as bfcl-eval's own pipeline for a
+prompting model (``default_decode_ast_prompting`` then ``ast_checker``); the differences left, all
+on inputs the official code evaluates with ``eval`` or crashes on, are listed in
+``docs/results/bfcl_checker.md``. Decoding: strip backticks, newlines and spaces from both ends,
+wrap in ``[...]``, parse with ``ast`` (never ``eval``); each element must be a call; keyword
+arguments become the call's parameters (positional ones are dropped, as BFCL does); values are
+literals, names become strings, a nested call becomes its source text (or ``{name: kwargs}`` if it
+has keywords), a subscript its source text, arithmetic on literals is folded, and any unary
+operator on a constant negates it (BFCL's decoder: ``+5`` reads as ``-5``). Checking, per call:
+the function name; required parameters present; no parameter the doc or the possible answer
+lacks; types (``int`` accepted for a ``float`` parameter, a tuple for a ``tuple`` parameter;
+list elements checked against each allowed list as BFCL does); values in the allowed list,
+strings compared after BFCL's normalization (lower case, drop spaces and ``,./-_*^``,
+``'``→``"``), lists element-wise in order, dicts key by key; absent parameters need ``""``
+allowed. simple/multiple need exactly one call; parallel categories need as many calls as the
+ground truth, each ground-truth entry in turn taking the first unused call that fits (BFCL's
+greedy matching).
+
+``lenient=True`` (off by default) restores verispec's former readings: the answer is taken out
+of a Markdown code fence or ``<TOOLCALL>`` tags, quotes and any surrounding whitespace are
+dropped, ``int`` is accepted inside ``float`` lists and a tuple for any list parameter, a set
+literal reads as a list, unary operators mean what Python means (so ``+1`` is 1, where BFCL reads
+-1), and parallel calls are matched by any perfect matching instead of greedily.
 """
 
 from __future__ import annotations
@@ -60,7 +73,7 @@ Call = tuple[str, dict[str, Any]]
 
 
 class CallParseError(ValueError):
-    """The completion is not a list of keyword-argument calls with literal values."""
+    """The completion is not a list of calls whose arguments are literal values."""
 
 
 def _read_jsonl(path) -> list[dict]:
@@ -68,93 +81,163 @@ def _read_jsonl(path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+# ---------------------------------------------------------------------------- decoding
+
 def _func_name(node: ast.expr) -> str:
+    """The dotted name of a called function; a base that is not a plain name is dropped (as BFCL
+    does), so ``f()(a=1)`` is called ``""`` and never matches a ground truth."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    if not isinstance(node, ast.Name):
-        raise CallParseError("function name is not a dotted name")
-    parts.append(node.id)
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
     return ".".join(reversed(parts))
 
 
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
-           ast.Pow: lambda a, b: a ** b, ast.Mod: lambda a, b: a % b}
+           ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
+           ast.Pow: lambda a, b: a ** b, ast.LShift: lambda a, b: a << b,
+           ast.RShift: lambda a, b: a >> b, ast.BitOr: lambda a, b: a | b,
+           ast.BitXor: lambda a, b: a ^ b, ast.BitAnd: lambda a, b: a & b}
+_UNARY = {ast.USub: lambda v: -v, ast.UAdd: lambda v: +v, ast.Not: lambda v: not v,
+          ast.Invert: lambda v: ~v}
+_MAX_LEN = 100_000  # the longest str/bytes/list/tuple that folding a BinOp may build
+_MAX_BITS = 100_000  # the largest int (in bits) that folding a BinOp may build
 
 
-def _value(node: ast.expr) -> Any:
-    """A literal value from an argument node (the safe subset BFCL accepts)."""
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int)  # bool included: Python (and BFCL's eval) computes True + 1 == 2
+
+
+def _binop(op: ast.operator, a: Any, b: Any) -> Any:
+    """``a op b`` as Python computes it, refusing results too large to build."""
+    kind = type(op)
+    if kind not in _BINOPS:
+        raise CallParseError(f"unsupported operator {kind.__name__}")
+    if kind is ast.Mod and isinstance(a, str | bytes):
+        raise CallParseError("%-formatting is not folded")
+    if kind is ast.Mult:
+        seq, n = (a, b) if isinstance(a, str | bytes | list | tuple) else (b, a)
+        if isinstance(seq, str | bytes | list | tuple) and _is_int(n) and len(seq) * n > _MAX_LEN:
+            raise CallParseError("repetition too long")
+    if kind is ast.Pow and _is_int(a) and _is_int(b) and b > 0 and a.bit_length() * b > _MAX_BITS:
+        raise CallParseError("power too large")
+    if kind is ast.LShift and _is_int(a) and _is_int(b) and a.bit_length() + b > _MAX_BITS:
+        raise CallParseError("shift too large")
+    return _BINOPS[kind](a, b)
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value Python gives a literal expression (constants, containers, operators on them).
+
+    BFCL folds a BinOp argument with ``eval(ast.unparse(node))``; this computes the same value for
+    literal operands without evaluating anything else: a name or a call inside arithmetic is
+    refused (BFCL's ``eval`` would look it up or run it)."""
     if isinstance(node, ast.Constant):
-        return "..." if node.value is Ellipsis else node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        v = _value(node.operand)
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            raise CallParseError("unary minus on a non-number")
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.List | ast.Set):
-        return [_value(e) for e in node.elts]
+        return node.value
+    if isinstance(node, ast.List):
+        return [_literal(e) for e in node.elts]
     if isinstance(node, ast.Tuple):
-        return tuple(_value(e) for e in node.elts)
+        return tuple(_literal(e) for e in node.elts)
+    if isinstance(node, ast.Set):
+        return {_literal(e) for e in node.elts}
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise CallParseError("dict unpacking")
-        return {_value(k): _value(v) for k, v in zip(node.keys, node.values, strict=True)}
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_literal(node.operand))
+    if isinstance(node, ast.BinOp):
+        return _binop(node.op, _literal(node.left), _literal(node.right))
+    raise CallParseError(f"{type(node).__name__} inside arithmetic is not folded")
+
+
+def _value(node: ast.expr, lenient: bool) -> Any:
+    """An argument's value, read the way BFCL's ``resolve_ast_by_type`` reads it."""
+    if isinstance(node, ast.Constant):
+        return "..." if node.value is Ellipsis else node.value
+    if isinstance(node, ast.UnaryOp):
+        if lenient:
+            return _literal(node)
+        # BFCL computes ``-node.operand.value`` whatever the operator: +5 and ~5 read as -5, and
+        # only a constant operand works (-x, -(1+2) and -"s" fail to decode).
+        if not isinstance(node.operand, ast.Constant):
+            raise CallParseError("unary operator on a non-constant")
+        return -node.operand.value
+    if isinstance(node, ast.List):
+        return [_value(e, lenient) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_value(e, lenient) for e in node.elts)
+    if isinstance(node, ast.Set):
+        if lenient:
+            return [_value(e, lenient) for e in node.elts]
+        raise CallParseError("a set literal is not accepted")
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise CallParseError("dict unpacking")
+        return {_value(k, lenient): _value(v, lenient) for k, v in zip(node.keys, node.values, strict=True)}
+    if isinstance(node, ast.BinOp):
+        return _literal(node)
     if isinstance(node, ast.Name):
         return node.id  # a variable: BFCL keeps its name as a string
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        a, b = _value(node.left), _value(node.right)
-        nums = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
-        if not nums or (isinstance(node.op, ast.Pow) and abs(b) > 64):
-            raise CallParseError("unsupported arithmetic in an argument")
-        try:
-            return _BINOPS[type(node.op)](a, b)
-        except (ZeroDivisionError, OverflowError) as e:
-            raise CallParseError(str(e)) from None
     if isinstance(node, ast.Call):
         if node.keywords:
-            name, args = _call(node)
+            name, args = _call(node, lenient)
             return {name: args}
         return ast.unparse(node)
+    if isinstance(node, ast.Subscript):
+        return ast.unparse(node.value) + "[" + ast.unparse(node.slice) + "]"
     raise CallParseError(f"unsupported argument syntax: {type(node).__name__}")
 
 
-def _call(node: ast.expr) -> Call:
-    if not isinstance(node, ast.Call):
-        raise CallParseError("expected a function call")
-    if node.args:
-        raise CallParseError("positional arguments are not accepted; use keywords")
-    args: dict[str, Any] = {}
+def _call(node: ast.Call, lenient: bool) -> Call:
+    """(name, keyword arguments). Positional arguments are dropped and ``**x`` is kept under the
+    key None, as BFCL does (the checker then rejects it as an unexpected parameter)."""
+    args: dict[Any, Any] = {}
     for kw in node.keywords:
-        if kw.arg is None:
-            raise CallParseError("**kwargs are not accepted")
-        args[kw.arg] = _value(kw.value)
+        args[kw.arg] = _value(kw.value, lenient)
     return _func_name(node.func), args
 
 
-def parse_calls(text: str) -> list[Call]:
-    """Parse ``[f(a=1), g.h(b="x")]`` (or a bare ``f(a=1)``) into ``[(name, kwargs)]``."""
-    s = text.strip()
-    fence = re.search(r"```[a-zA-Z]*\n?(.*?)(?:```|\Z)", s, re.S)
-    if fence:
-        s = fence.group(1).strip()
-    tag = re.search(r"<TOOLCALL>(.*?)(?:</TOOLCALL>|\Z)", s, re.S)
-    if tag:
-        s = tag.group(1).strip()
-    s = s.strip("`'\n ")
+def parse_calls(text: str, lenient: bool = False) -> list[Call]:
+    """Parse ``[f(a=1), g.h(b="x")]`` (or a bare ``f(a=1)``) into ``[(name, kwargs)]``.
+
+    Default: what BFCL's ``default_decode_ast_prompting`` decodes. ``lenient``: also take the
+    answer out of a Markdown code fence or ``<TOOLCALL>`` tags and drop quotes around it (see the
+    module docstring for the rest)."""
+    if lenient:
+        s = text.strip()
+        fence = re.search(r"```[a-zA-Z]*\n?(.*?)(?:```|\Z)", s, re.S)
+        if fence:
+            s = fence.group(1).strip()
+        tag = re.search(r"<TOOLCALL>(.*?)(?:</TOOLCALL>|\Z)", s, re.S)
+        if tag:
+            s = tag.group(1).strip()
+        s = s.strip("`'\n ")
+    else:
+        s = text.strip("`\n ")
     if not s.startswith("["):
         s = "[" + s
     if not s.endswith("]"):
         s = s + "]"
     try:
-        tree = ast.parse(s, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        body = ast.parse(s, mode="eval").body
+        if not isinstance(body, ast.List | ast.Tuple | ast.Set):
+            raise CallParseError("not a list of calls")
+        if not all(isinstance(e, ast.Call) for e in body.elts):
+            raise CallParseError("expected a list of function calls")
+        return [_call(e, lenient) for e in body.elts]
+    except CallParseError:
+        raise
+    except SyntaxError as e:
         raise CallParseError(f"not Python: {e}") from None
-    body = tree.body
-    elts = body.elts if isinstance(body, ast.List | ast.Tuple) else [body]
-    return [_call(e) for e in elts]
+    except (TypeError, ValueError, ArithmeticError, RecursionError, MemoryError) as e:
+        raise CallParseError(f"{type(e).__name__}: {e}") from None
 
+
+# ---------------------------------------------------------------------------- checking
 
 def standardize(s: str) -> str:
     """BFCL's string normalization: drop spaces and ``,./-_*^``, lower case, ``'`` → ``"``."""
@@ -162,10 +245,51 @@ def standardize(s: str) -> str:
 
 
 def _std(v: Any) -> Any:
-    return standardize(v) if isinstance(v, str) else v
+    return standardize(v) if type(v) is str else v
+
+
+def _answer_type(options: list) -> type | None:
+    """The type of the first allowed value that is not the ``""`` (optional) marker."""
+    return next((type(o) for o in options if o != ""), None)
+
+
+def _type_ok(value: Any, doc_type: str, item_type: str | None, allowed: list, lenient: bool
+             ) -> tuple[bool, Any, bool]:
+    """(ok, value after BFCL's conversions, is_variable), following BFCL's ``type_checker``.
+
+    ``is_variable``: the possible answers are not of the documented type (e.g. strings for an
+    integer parameter), so the value is later compared as is, without normalization."""
+    want = _PY_TYPES.get(doc_type, str)
+    if type(value) is tuple and (doc_type == "tuple" or (lenient and want is list)):
+        value = list(value)
+    if doc_type == "float" and type(value) is int:
+        value = float(value)
+    if lenient and want is list and item_type == "float" and type(value) is list:
+        value = [float(x) if type(x) is int else x for x in value]
+    answer_type = _answer_type(allowed)
+    is_variable = answer_type is not None and answer_type is not want
+    if type(value) is want:
+        if doc_type not in ("array", "tuple"):
+            return True, value, is_variable
+        inner = _PY_TYPES.get(item_type or "", str)
+        # One level of element types, against each allowed value in turn: the elements must all
+        # have the item type (or the type of that allowed list's first element). An allowed value
+        # that is not a list -- the "" marker of an optional parameter -- lets any elements pass.
+        for option in allowed:
+            if type(option) is not list:
+                return True, value, is_variable
+            t = _answer_type(option)
+            if all(type(x) is inner or type(x) is t for x in value):
+                return True, value, is_variable
+        return False, value, is_variable
+    if answer_type is not None and type(value) is answer_type:
+        return True, value, True
+    return False, value, is_variable
 
 
 def _dict_ok(value: dict, allowed: list) -> bool:
+    """Some allowed dict has every key of ``value`` with an allowed (normalized) value, and every
+    key ``value`` lacks is optional there."""
     for option in allowed:
         if not isinstance(option, dict):
             continue
@@ -175,33 +299,52 @@ def _dict_ok(value: dict, allowed: list) -> bool:
     return False
 
 
-def _type_ok(value: Any, doc_type: str, item_type: str | None, allowed: list) -> tuple[bool, Any, bool]:
-    """(ok, possibly converted value, is_variable) following BFCL's type checker."""
-    want = _PY_TYPES.get(doc_type, str)
-    if doc_type == "float" and type(value) is int:
-        value = float(value)
-    if doc_type == "tuple" and isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, tuple):
-        value = list(value)
-    answer_type = next((type(a) for a in allowed if a != ""), None)
-    is_variable = answer_type is not None and answer_type is not want
-    if type(value) is want:
-        if want is list and item_type in _PY_TYPES:
-            inner = _PY_TYPES[item_type]
-            if item_type == "float":
-                value = [float(x) if type(x) is int else x for x in value]
-            if all(type(x) is inner for x in value):
-                return True, value, is_variable
-            # BFCL falls through here: a list still passes "as a variable" (raw comparison)
+def _list_of_dicts_ok(value: list, allowed: list) -> bool:
+    """Element by element against an allowed list of the same length. BFCL compares lengths with
+    ``len``, so the ``""`` marker (length 0) accepts an empty list."""
+    for option in allowed:
+        if type(option) is str and not option and not value:
+            return True
+        if type(option) is list and len(option) == len(value) and all(
+                isinstance(v, dict) and _dict_ok(v, [d]) for v, d in zip(value, option, strict=True)):
+            return True
+    return False
+
+
+def _list_ok(value: list, allowed: list) -> bool:
+    """Equal, in order, to an allowed list after normalizing string elements. BFCL walks an allowed
+    string character by character, so the ``""`` marker accepts an empty list."""
+    got = [_std(x) for x in value]
+    for option in allowed:
+        if type(option) is list:
+            expected = [_std(x) for x in option]
+        elif type(option) is str:
+            expected = [standardize(c) for c in option]
         else:
-            return True, value, is_variable
-    if answer_type is not None and type(value) is answer_type:
-        return True, value, True
-    return False, value, is_variable
+            continue
+        if got == expected:
+            return True
+    return False
 
 
-def check_call(doc: dict, call: Call, expected: dict[str, dict[str, list]]) -> str | None:
+def _value_ok(value: Any, doc_type: str, item_type: str | None, allowed: list, is_variable: bool
+              ) -> bool:
+    want = _PY_TYPES.get(doc_type, str)
+    if is_variable:
+        return value in allowed
+    if want is dict:
+        return _dict_ok(value, allowed)
+    if want is list and _PY_TYPES.get(item_type or "") is dict:
+        return _list_of_dicts_ok(value, allowed)
+    if want is str:
+        return standardize(value) in [standardize(o) for o in allowed if type(o) is str]
+    if want is list:
+        return _list_ok(value, allowed)
+    return value in allowed
+
+
+def check_call(doc: dict, call: Call, expected: dict[str, dict[str, list]], lenient: bool = False
+               ) -> str | None:
     """None if ``call`` satisfies the ground-truth entry ``expected``, else the reason."""
     exp_name, allowed = next(iter(expected.items()))
     name, args = call
@@ -217,23 +360,11 @@ def check_call(doc: dict, call: Call, expected: dict[str, dict[str, list]]) -> s
             return f"unexpected parameter {p!r}"
         doc_type = props[p].get("type", "any")
         item_type = (props[p].get("items") or {}).get("type")
-        ok, value, is_var = _type_ok(value, doc_type, item_type, allowed[p])
+        ok, value, is_var = _type_ok(value, doc_type, item_type, allowed[p], lenient)
         if not ok:
             return f"wrong type for {p!r}: {type(value).__name__}, expected {doc_type}"
-        opts = allowed[p]
-        if not is_var and isinstance(value, dict):
-            good = _dict_ok(value, opts)
-        elif not is_var and isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
-            good = any(isinstance(o, list) and len(o) == len(value)
-                       and all(_dict_ok(v, [d]) for v, d in zip(value, o, strict=True)) for o in opts)
-        elif not is_var and isinstance(value, str):
-            good = standardize(value) in [standardize(o) for o in opts if isinstance(o, str)]
-        elif not is_var and isinstance(value, list):
-            good = [_std(x) for x in value] in [[_std(x) for x in o] for o in opts if isinstance(o, list)]
-        else:
-            good = value in opts
-        if not good:
-            return f"value {value!r} for {p!r} not in {opts!r}"
+        if not _value_ok(value, doc_type, item_type, allowed[p], is_var):
+            return f"value {value!r} for {p!r} not in {allowed[p]!r}"
     for p, opts in allowed.items():
         if p not in args and "" not in opts:
             return f"missing parameter {p!r}"
@@ -256,25 +387,44 @@ def _perfect_match(ok: list[list[bool]]) -> bool:
     return all(place(i, set()) for i in range(len(ok)))
 
 
-def grade_calls(functions: list[dict], ground_truth: list[dict], calls: list[Call]) -> str | None:
-    """None if ``calls`` answer the entry (any order), else the reason."""
+def grade_calls(functions: list[dict], ground_truth: list[dict], calls: list[Call],
+                lenient: bool = False) -> str | None:
+    """None if ``calls`` answer the entry (any order), else the reason.
+
+    Default: BFCL's greedy matching -- each ground-truth entry in turn takes the first call not
+    yet taken that fits it. ``lenient``: any perfect matching will do."""
     if len(calls) != len(ground_truth):
         return f"{len(calls)} call(s), expected {len(ground_truth)}"
     docs = {f["name"]: f for f in functions}
     reasons: list[str] = []
-    table = []
+    if lenient:
+        table = []
+        for exp in ground_truth:
+            doc = docs.get(next(iter(exp)), {})
+            row = []
+            for call in calls:
+                why = check_call(doc, call, exp, lenient=True)
+                row.append(why is None)
+                if why:
+                    reasons.append(why)
+            table.append(row)
+        if _perfect_match(table):
+            return None
+        return "; ".join(dict.fromkeys(reasons))[:500] or "no matching"
+    taken: set[int] = set()
     for exp in ground_truth:
         doc = docs.get(next(iter(exp)), {})
-        row = []
-        for call in calls:
+        for j, call in enumerate(calls):
+            if j in taken:
+                continue
             why = check_call(doc, call, exp)
-            row.append(why is None)
-            if why:
-                reasons.append(why)
-        table.append(row)
-    if _perfect_match(table):
-        return None
-    return "; ".join(dict.fromkeys(reasons))[:500] or "no matching"
+            if why is None:
+                taken.add(j)
+                break
+            reasons.append(why)
+        else:
+            return "; ".join(dict.fromkeys(reasons))[:500] or "no matching"
+    return None
 
 
 def _first(options: list) -> Any:
@@ -303,9 +453,15 @@ def first_allowed_call(ground_truth: list[dict], functions: list[dict] | None = 
 
 
 class BFCLTask:
-    """BFCL (Python AST categories) as a :class:`~verispec.eval.tasks.base.Task`."""
+    """BFCL (Python AST categories) as a :class:`~verispec.eval.tasks.base.Task`.
+
+    ``lenient=False`` (the default) takes BFCL's own accept/reject decisions; ``lenient=True``
+    adds verispec's former leniencies (module docstring, ``docs/results/bfcl_checker.md``)."""
 
     name = "bfcl"
+
+    def __init__(self, lenient: bool = False) -> None:
+        self.lenient = lenient
 
     def load(self, limit: int | None = None, subset: Sequence[str] | str | None = None
              ) -> list[Problem]:
@@ -332,10 +488,11 @@ class BFCLTask:
     def grade(self, problem: Problem, completion_text: str) -> Grade:
         """Parse the calls with ``ast`` and check them like BFCL's AST checker."""
         try:
-            calls = parse_calls(completion_text)
+            calls = parse_calls(completion_text, lenient=self.lenient)
         except CallParseError as e:
             return Grade(False, 0.0, f"unparseable: {e}", None)
         shown = "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})"
                                 for n, a in calls) + "]"
-        why = grade_calls(problem.reference["functions"], problem.reference["ground_truth"], calls)
+        why = grade_calls(problem.reference["functions"], problem.reference["ground_truth"], calls,
+                          lenient=self.lenient)
         return Grade(why is None, float(why is None), why or "all calls match", shown)
