@@ -128,7 +128,8 @@ def test_pair_stats_by_hand():
     assert abs(s["entropy_p"] - h) < T and abs(s["max_p"] - 0.6) < T and abs(s["max_q"] - 0.8) < T
     assert bool(s["same_argmax"]) and abs(s["tv"] - 0.2) < T and abs(s["lossless_acc"] - 0.8) < T
     assert s["allowed_p"] == 2 and s["allowed_q"] == 1 and abs(s["jaccard"] - 0.5) < T
-    assert abs(s["q_on_allowed_p"] - 0.9) < T and abs(s["p_discarded"] - 0.1) < T
+    assert abs(s["q_on_allowed_p"] - 0.9) < T and abs(s["p_discarded"] - 0.1) < T and bool(s["affected"])
+    assert not bool(pair_stats(P[:1], Q[:1], p_base=0.1).iloc[0]["affected"])  # 0.1 keeps all three tokens
     assert abs(s["overshoot_on_allowed_p"] - 0.2) < T
 
 

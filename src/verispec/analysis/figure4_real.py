@@ -233,7 +233,8 @@ def real_summary(per_pos: pd.DataFrame, gamma: int = GAMMA) -> pd.DataFrame:
 def pair_stats(p: torch.Tensor, q: torch.Tensor, p_base: float = 0.3) -> pd.DataFrame:
     """Shape of each (p, q) pair: entropy of p (nats), max p, max q, whether argmax p = argmax q, TV(p, q),
     lossless acceptance sum min(p, q), |A(p)| and |A(q)| of min-p at ``p_base``, their Jaccard overlap, q's mass
-    on A(p), p's mass outside A(p) (what truncation discards) and q's mass where q > p on A(p)."""
+    on A(p), p's mass outside A(p) (what truncation discards), whether that exceeds 1e-3 (``affected``) and q's
+    mass where q > p on A(p)."""
     ap, aq = minp_mask(p, p_base), minp_mask(q, p_base)
     inter, union = (ap & aq).sum(-1), (ap | aq).sum(-1)
     zero = torch.zeros_like(p)
@@ -249,12 +250,13 @@ def pair_stats(p: torch.Tensor, q: torch.Tensor, p_base: float = 0.3) -> pd.Data
         "jaccard": (inter / union).numpy(),
         "q_on_allowed_p": torch.where(ap, q, zero).sum(-1).numpy(),
         "p_discarded": torch.where(ap, zero, p).sum(-1).numpy(),
+        "affected": (torch.where(ap, zero, p).sum(-1) > 1e-3).numpy(),
         "overshoot_on_allowed_p": torch.where(ap, (q - p).clamp(min=0), zero).sum(-1).numpy(),
     })
 
 
 STAT_COLUMNS = ["entropy_p", "max_p", "max_q", "same_argmax", "tv", "lossless_acc", "allowed_p", "allowed_q",
-                "jaccard", "q_on_allowed_p", "p_discarded", "overshoot_on_allowed_p"]
+                "jaccard", "q_on_allowed_p", "p_discarded", "affected", "overshoot_on_allowed_p"]
 
 
 def stats_table(sources: dict[str, tuple[torch.Tensor, torch.Tensor]], p_base: float = 0.3) -> pd.DataFrame:
