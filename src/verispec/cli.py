@@ -228,17 +228,37 @@ def rules_cmd(as_json: bool) -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--q-tail", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Share of p's tail profile the draft keeps (0: draft mass only on its candidates).")
-def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float) -> None:
-    """Figure-4 simulation of Lemma 1 (min-p and eta): writes figure4_lemma1.csv and figure4_lemma1.png."""
+@click.option("--from-log", "from_log", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Also evaluate Lemma 1 on the real (p, q) pairs of an offline-estimator DistLog (dists.pt) and "
+                   "write figure4_real.csv/.png, pair_stats.csv, ablation.csv/.png next to the simulation "
+                   "(verispec.analysis.figure4_real).")
+@click.option("--other-log", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="With --from-log: a DistLog of the min-p baseline's own outputs (trajectory_effect.csv).")
+@click.option("--run-dir", default=None, type=click.Path(file_okay=False, exists=True),
+              help="With --other-log: the run directory the logs came from (rules and measured BE).")
+def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str | None, other_log: str | None,
+             run_dir: str | None) -> None:
+    """Figure-4 simulation of Lemma 1 (min-p and eta): writes figure4_lemma1.csv and figure4_lemma1.png
+    (with --from-log: figure4_real.* on logged real pairs instead)."""
     from .analysis import simulation
 
+    if other_log is not None and from_log is None:
+        raise _fail("--other-log needs --from-log")
     try:
-        df = simulation.simulate(n_pairs=n_pairs, seed=seed, q_tail=q_tail)
-        csv_path, png_path = simulation.save(df, out_dir)
+        if from_log is not None:
+            if q_tail != 0.0:
+                raise ValueError("--q-tail applies to the plain simulation; --from-log compares with the default")
+            from .analysis import figure4_real
+
+            paths = list(figure4_real.report(from_log, out_dir, n_pairs=n_pairs, seed=seed, other_log=other_log,
+                                             run_dir=run_dir).values())
+        else:
+            df = simulation.simulate(n_pairs=n_pairs, seed=seed, q_tail=q_tail)
+            paths = list(simulation.save(df, out_dir))
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
-    click.echo(f"wrote {csv_path}")
-    click.echo(f"wrote {png_path}")
+    for path in paths:
+        click.echo(f"wrote {path}")
 
 
 # ----------------------------------------------------------------------------------------------- generate

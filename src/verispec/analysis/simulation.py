@@ -29,6 +29,8 @@ seeded generator:
 
 ``simulate`` returns one row per (strategy, parameter, triplet) with the mean and standard deviation (ddof = 1)
 over pairs; ``simulate_pairs`` returns the per-pair values. Everything is float64 and exact given the pairs.
+:func:`pair_terms` is the per-pair computation; :mod:`verispec.analysis.figure4_real` applies it to (p, q) pairs
+logged from a real pair (docs/results/figure4_real).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "MINP_PARAMS",
     "category_counts",
     "draw_pairs",
+    "pair_terms",
     "plot",
     "save",
     "simulate",
@@ -199,9 +202,10 @@ def simulate_pairs(
     alpha: float = 1.0,
     draft_truncation: str = "none",
 ) -> pd.DataFrame:
-    """One row per (strategy, parameter, triplet, pair): gain, loss, net = gain - loss, direct, the baseline's
-    own change in acceptance (``baseline_delta``, with ``draft_truncation``), kept mass z and |A|. The same pairs
-    (per triplet) are used for every parameter; the seed fixes everything."""
+    """One row per (strategy, parameter, triplet, pair): :func:`pair_terms` (gain, loss, net = gain - loss,
+    direct, the baseline's own change in acceptance ``baseline_delta`` with ``draft_truncation``, lossless
+    acceptance, kept mass z and |A|). The same pairs (per triplet) are used for every parameter; the seed fixes
+    everything."""
     seqs = np.random.SeedSequence(seed).spawn(len(triplets))
     frames = []
     for triplet, ss in zip(triplets, seqs, strict=True):
@@ -209,10 +213,6 @@ def simulate_pairs(
         counts = category_counts(triplet, k)
         for strategy, params in (("minp", minp_params), ("eta", eta_params)):
             for param in params:
-                allowed = allowed_set(p, strategy, float(param))
-                lem = lemma1(p, q, allowed)
-                base = baseline_rule(strategy, float(param), draft_truncation)
-                measured = acceptance_probability(base, p, base.draft(q)) - acceptance_probability("lossless", p, q)
                 frames.append(
                     pd.DataFrame(
                         {
@@ -225,24 +225,44 @@ def simulate_pairs(
                             "q_tail": float(q_tail),
                             "draft_truncation": draft_truncation,
                             "pair": np.arange(n_pairs),
-                            "gain": lem.gain.numpy(),
-                            "loss": lem.loss.numpy(),
-                            "net": lem.net.numpy(),
-                            "direct": lem.direct.numpy(),
-                            "baseline_delta": measured.numpy(),
-                            "kept_mass": torch.where(allowed, p, torch.zeros_like(p)).sum(-1).numpy(),
-                            "allowed_size": allowed.sum(-1).numpy(),
+                            **pair_terms(p, q, strategy, float(param), draft_truncation),
                         }
                     )
                 )
     return pd.concat(frames, ignore_index=True)
 
 
+def pair_terms(
+    p: torch.Tensor, q: torch.Tensor, strategy: str, param: float, draft_truncation: str = "none"
+) -> dict[str, np.ndarray]:
+    """Per pair (rows of ``p``, ``q`` [n, V]): Lemma 1's ``gain``, ``loss``, ``net`` = gain - loss and ``direct``
+    for the allowed set of ``strategy`` at ``param`` on p; ``baseline_delta``, the change in acceptance of the
+    matched baseline as run (:func:`baseline_rule` with ``draft_truncation``, its own draft transform) over
+    lossless SD; ``lossless_acc`` = sum min(p, q); kept mass z and |A|.
+
+    The one place the Figure-4 quantities are computed, for simulated and for logged real pairs alike."""
+    allowed = allowed_set(p, strategy, param)
+    lem = lemma1(p, q, allowed)
+    base = baseline_rule(strategy, param, draft_truncation)
+    lossless = acceptance_probability("lossless", p, q)
+    measured = acceptance_probability(base, p, base.draft(q)) - lossless
+    return {
+        "gain": lem.gain.numpy(),
+        "loss": lem.loss.numpy(),
+        "net": lem.net.numpy(),
+        "direct": lem.direct.numpy(),
+        "baseline_delta": measured.numpy(),
+        "lossless_acc": lossless.numpy(),
+        "kept_mass": torch.where(allowed, p, torch.zeros_like(p)).sum(-1).numpy(),
+        "allowed_size": allowed.sum(-1).numpy(),
+    }
+
+
 def summarize(pairs: pd.DataFrame) -> pd.DataFrame:
     """Mean / std (ddof = 1) over pairs of the per-pair frame, one row per (strategy, parameter, triplet)."""
     keys = ["strategy", "param", "triplet", "match", "partial", "unrelated", "q_tail", "draft_truncation"]
     gap = (pairs["direct"] - pairs["net"]).abs().rename("gap")
-    g = pairs.assign(gap=gap).groupby(keys, sort=False)
+    g = pairs.assign(gap=gap).groupby(keys, sort=False, dropna=False)  # NaN generator columns: real pairs
     out = g.agg(
         n_pairs=("pair", "size"),
         gain_mean=("gain", "mean"),
