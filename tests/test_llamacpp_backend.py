@@ -224,3 +224,48 @@ def test_greedy_agrees_with_hf_draft(draft_gguf):
     tf = lc.score([ScoreRequest(lc.add_row(), prompt, hf[:-1])])[0].argmax(-1).tolist()
     assert sum(a == b for a, b in zip(tf, hf, strict=True)) >= 14
     lc.close()
+
+
+def test_prefix_cache_reuses_retired_and_live_rows(draft_gguf, ids):
+    """A new row starts from the longest cached prefix of its ids (a removed row's retired sequence, or a live
+    row's history shared with seq_cp) and feeds only the rest; its logits equal a fresh prefill's within the
+    batch-shape tolerance; the source row's later rollback leaves the sharer's cells in place (its logits still
+    match a fresh prefill's; bit-identity is not expected: the cache's layout changed, and with it llama.cpp's
+    reduction order); with prefix_cache=False nothing is reused."""
+    b = LlamaCppBackend(draft_gguf, n_threads=T, n_ctx=256, max_rows=2)
+    fresh = LlamaCppBackend(draft_gguf, n_threads=T, n_ctx=256, max_rows=2, prefix_cache=False)
+
+    def ref(prefix, toks):
+        r = fresh.add_row()
+        out = fresh.score([ScoreRequest(r, prefix, toks)])[0]
+        fresh.remove_row(r)
+        return out
+
+    a = b.add_row()
+    b.score([ScoreRequest(a, ids[:30])])
+    b.remove_row(a)  # retired with ids[:30] as history
+    assert b.prefix_tokens_reused == 0
+    c = b.add_row()  # same first 20 tokens, then its own: adopts the retired sequence, keeps 20 cells
+    own = ids[:20] + [11, 12, 13]
+    got = b.score([ScoreRequest(c, own, ids[25:27])])[0]
+    assert b.prefix_tokens_reused == 20 and b.cached_tokens(c) == own
+    want = ref(own, ids[25:27])
+    assert (got - want).abs().max().item() < LOGIT_TOL and _near_tie_or_equal(got, want)
+    b.commit(c, [])
+    d = b.add_row()  # a live row's history is shared: c holds own (23 tokens); d wants its first 21 + others
+    mine = own[:21] + [500, 501]
+    got_d = b.score([ScoreRequest(d, mine)])[0]
+    assert b.prefix_tokens_reused == 20 + 21 and b.cached_tokens(d) == mine
+    want_d = ref(mine, [])
+    assert (got_d - want_d).abs().max().item() < LOGIT_TOL and _near_tie_or_equal(got_d, want_d)
+    b.score([ScoreRequest(c, own[:5], [1, 2, 3])])  # c rolls back past the shared cells and writes garbage
+    b.commit(c, [])
+    after = b.score([ScoreRequest(d, mine, [7, 8])])[0]  # d still sees its shared prefix, not c's garbage
+    want_after = ref(mine, [7, 8])
+    assert (after - want_after).abs().max().item() < LOGIT_TOL and _near_tie_or_equal(after, want_after)
+    assert b.cached_tokens(c) == own[:5] and b.cached_tokens(d) == mine
+    with pytest.raises(ValueError, match="more than max_rows"):  # both sequences are live: no room
+        b.score([ScoreRequest(b.add_row(), ids[:3])])
+    assert fresh.prefix_tokens_reused == 0
+    b.close()
+    fresh.close()

@@ -14,6 +14,15 @@ Rollback is exact and per row: ``llama_memory_seq_rm(mem, seq, keep, -1)`` drops
 Each request syncs its row to ``ids`` (longest common prefix with the cached tokens, at least the last token
 re-fed), and :meth:`LlamaCppBackend.commit` keeps the accepted prefix of a chain proposal and removes the rest.
 
+Prefix cache (``prefix_cache=True``, the default): a removed row's sequence is *retired*, not cleared, and keeps
+its history cells until its sequence id is needed (least recently retired first). A new row, at its first
+score, starts from the longest prefix of its ``ids`` that a retired sequence (adopted: its tail is removed) or a
+live row's history (shared with ``llama_memory_seq_cp``: in the unified cache a cell may belong to several
+sequences, so nothing is copied) already holds, and feeds only the rest. Chat prompts share their template's
+system prefix and the harness runs several methods on one prompt, so the prefill is paid once. The reused cells
+were computed in another batch shape, so the logits equal a fresh prefill's up to llama.cpp's batch-shape
+tolerance (as for any block vs single steps), not bit for bit; ``prefix_cache=False`` always prefills anew.
+
 Trees: ``supports_trees = False``. llama.cpp could express a token tree with per-token sequence sets (one
 temporary sequence per node, ``llama_memory_seq_cp`` to share ancestors), but on a CPU a tree of n nodes costs
 what an n-token block costs (no tree-specific kernel; see :meth:`LlamaCppBackend.block_cost`) and the block-cost
@@ -122,6 +131,7 @@ class LlamaCppBackend:
         n_batch: int = 512,
         max_rows: int = 8,
         block_costs: dict[int, float] | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         if _llama is None:
             raise ImportError("LlamaCppBackend needs llama-cpp-python: pip install -r requirements-fast.txt")
@@ -171,7 +181,10 @@ class LlamaCppBackend:
         self.forward_calls = 0
         self.block_costs = dict(DEFAULT_BLOCK_COSTS if block_costs is None else block_costs)
         self._rows: dict[int, _Row] = {}
-        self._free_seqs = list(range(self.max_rows))
+        self._free_seqs = list(range(self.max_rows))  # sequences holding no cells
+        self._retired: dict[int, list[int]] = {}  # seq -> history of a removed row, least recently retired first
+        self.prefix_cache = bool(prefix_cache)
+        self.prefix_tokens_reused = 0  # prompt tokens a new row did not have to feed (prefix cache hits)
         self._next_id = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -215,23 +228,58 @@ class LlamaCppBackend:
     def remove_row(self, row: int) -> None:
         r = self._row(row)
         del self._rows[row]
-        if r.seq is not None:
+        if r.seq is None:
+            return
+        if self.prefix_cache and r.tokens:  # keep the history for a later row with the same prefix
+            self._truncate(r, len(r.tokens))
+            self._retired[r.seq] = list(r.tokens)
+        else:
             _llama.llama_memory_seq_rm(self._mem, r.seq, -1, -1)
             self._free_seqs.append(r.seq)
             self._free_seqs.sort()
 
-    def _bind(self, r: _Row) -> None:
-        if r.seq is None:
-            r.seq = self._free_seqs.pop(0)
+    def _take_seq(self) -> int:
+        """An empty sequence id: a never/no longer used one, else the least recently retired one, cleared."""
+        if self._free_seqs:
+            return self._free_seqs.pop(0)
+        seq = next(iter(self._retired))
+        del self._retired[seq]
+        _llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        return seq
+
+    def _bind(self, r: _Row, ids: Sequence[int] | None) -> None:
+        """Give ``r`` a sequence; with the prefix cache, seed its history with the longest cached prefix of
+        ``ids[:-1]`` (the last token is always fed: its logits are returned)."""
+        if r.seq is not None:
+            return
+        want = list(ids[:-1]) if ids and self.prefix_cache else []
+        best, src, retired = 0, None, False
+        for seq, toks in self._retired.items():
+            if (n := common_prefix_len(toks, want)) > best:
+                best, src, retired = n, seq, True
+        for other in self._rows.values():
+            if other.seq is not None and (n := common_prefix_len(other.tokens, want)) > best:
+                best, src, retired = n, other.seq, False
+        if retired:  # adopt the retired sequence, minus its tail
+            del self._retired[src]
+            r.seq = src
+            _llama.llama_memory_seq_rm(self._mem, src, best, -1)
+        else:
+            r.seq = self._take_seq()
+            if src is not None:  # share the live row's history cells
+                _llama.llama_memory_seq_cp(self._mem, src, r.seq, 0, best)
+        r.tokens = want[:best]
+        self.prefix_tokens_reused += best
 
     def cached_tokens(self, row: int) -> list[int]:
         return list(self._row(row).tokens)
 
     def reset(self) -> None:
-        """Drop every row and clear the cache."""
+        """Drop every row and clear the cache (the prefix cache too)."""
         _llama.llama_memory_clear(self._mem, True)
         self._rows = {}
         self._free_seqs = list(range(self.max_rows))
+        self._retired = {}
 
     def _row(self, row: int) -> _Row:
         try:
@@ -284,14 +332,16 @@ class LlamaCppBackend:
         """One batched ``llama_decode`` for every request; float32 logits per request (see the contract)."""
         if not requests:
             return []
-        plans = plan_requests(requests, self._plan)
-        unbound = [self._rows[q.row] for q in requests if self._rows[q.row].seq is None]
-        if len(unbound) > len(self._free_seqs):
+        plan_requests(requests, self._plan)  # validate everything before any state changes
+        unbound = [q for q in requests if self._rows[q.row].seq is None]
+        free = len(self._free_seqs) + len(self._retired)
+        if len(unbound) > free:
             raise ValueError(f"more than max_rows={self.max_rows} rows scored at once: {len(unbound)} new rows but "
-                             f"only {len(self._free_seqs)} free llama.cpp sequences (remove finished rows, or raise "
+                             f"only {free} free llama.cpp sequences (remove finished rows, or raise "
                              "LlamaCppBackend(max_rows=...))")
-        for r in unbound:
-            self._bind(r)
+        for q in unbound:
+            self._bind(self._rows[q.row], q.ids)
+        plans = plan_requests(requests, self._plan)  # again: bound rows may start from a cached prefix
         # sync every row (exact rollback), then lay the batch out: per token (token, pos, seq, wants logits)
         entries: list[tuple[int, int, int, bool]] = []
         outs: list[np.ndarray] = []
