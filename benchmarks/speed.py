@@ -10,6 +10,11 @@ reference. Prints tokens/s (median over prompts), ratios to llama.cpp alone and 
 acceptance, block efficiency and greedy agreement with llama.cpp's own output; the block-cost curve measured
 here and the break-even acceptance per gamma. Writes JSON too. Not a test: nothing is asserted.
 
+Prefix reuse is made equal: llama-cpp-python reuses the longest common prefix with its previous call (the chat
+template's system part), and verispec's llama.cpp backends have a prefix cache; before each verispec run its
+caches are reset and primed with the previous prompt (untimed), so every contender starts where llama.cpp alone
+starts.
+
     python benchmarks/speed.py --prompts 3 --max-new-tokens 128 --threads 2 --out docs/results/speed_llamacpp.json
 """
 
@@ -29,6 +34,8 @@ import torch
 
 from verispec import SamplingConfig, load_engine, models
 from verispec.api import build_drafter
+from verispec.backends.base import ScoreRequest
+from verispec.backends.llamacpp import LlamaCppBackend
 from verispec.engine import Engine
 from verispec.eval.tasks import get_task
 from verispec.schedule import break_even_alpha
@@ -94,8 +101,30 @@ def llamacpp_generate(llm, ids: list[int], cfg: SamplingConfig, seed: int, eos: 
     return Run(out, time.perf_counter() - t0)
 
 
+def prime(engine: Engine, prev: list[int] | None) -> None:
+    """Put the engine's llama.cpp caches where llama.cpp alone's context is when it starts a prompt: holding the
+    PREVIOUS prompt (llama-cpp-python reuses the longest common prefix with its last call, e.g. the chat
+    template's system part). verispec's contenders share one target, so without this a contender would reuse
+    the whole prompt the contender before it just prefilled; outside the timed region."""
+    drafter = engine.drafter
+    backends = [engine.target, getattr(drafter, "backend", None), getattr(getattr(drafter, "fallback", None),
+                                                                           "backend", None)]
+    for b in backends:
+        if isinstance(b, LlamaCppBackend):
+            b.reset()
+            if prev:
+                row = b.add_row()
+                b.score([ScoreRequest(row, list(prev))])
+                b.remove_row(row)
+
+
+#: the prompt run before the current one (what llama.cpp alone's context holds when the current one starts)
+PREVIOUS: dict[str, list[int] | None] = {"ids": None}
+
+
 def engine_run(engine: Engine, gamma: int | str | None) -> Callable[[list[int], SamplingConfig, int], Run]:
     def fn(ids: list[int], cfg: SamplingConfig, seed: int) -> Run:
+        prime(engine, PREVIOUS["ids"])
         res = engine.generate(ids, sampling=cfg, gamma=gamma, max_new_tokens=ARGS.max_new_tokens, seed=seed)
         m = res.metrics
         return Run(res.token_ids, m.total_s, m.accepted, m.drafted, m.rounds)
@@ -166,6 +195,7 @@ def main() -> None:
         modes["T=0.7"] = SamplingConfig(temperature=0.7)
     for c in contenders:  # warm-up: first calls pay one-off allocation and kernel selection costs
         c.fn(list(sets["chat"][0][:24]), SamplingConfig(temperature=0), 0)
+    PREVIOUS["ids"] = list(sets["chat"][0][:24])  # what llama.cpp alone's context holds after the warm-up
     report["results"] = {}
     for set_name, prompts in sets.items():
         for mode, cfg in modes.items():
@@ -178,6 +208,7 @@ def main() -> None:
                     c.runs[key].append(run)
                     print(f"[{key}] prompt {i} {c.name:32s} {len(run.tokens) / run.seconds:6.2f} tok/s "
                           f"({len(run.tokens)} tokens, {run.seconds:.1f} s)", file=sys.stderr, flush=True)
+                PREVIOUS["ids"] = list(ids)
             report["results"][key] = table(key, contenders, cfg, len(prompts))
     report["peak_rss_mb"] = peak_rss_mb()
     report["machine"]["loadavg_end"] = os.getloadavg()

@@ -457,7 +457,9 @@ def _per_row(name: str, value: object, n: int, scalar: tuple[type, ...]) -> list
     return [value] * n
 
 
-def _per_row_stop(stop: Sequence[str] | Sequence[Sequence[str]], n: int) -> list[Sequence[str]]:
+def _per_row_stop(stop: Sequence[str] | Sequence[Sequence[str]] | None, n: int) -> list[Sequence[str]]:
+    if stop is None:  # as the OpenAI API: no stop strings
+        return [[] for _ in range(n)]
     if isinstance(stop, str):
         raise ValueError("stop must be a list of strings, not a string")
     if stop and all(isinstance(s, list | tuple) for s in stop):
