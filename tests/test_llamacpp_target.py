@@ -8,8 +8,6 @@ is missing.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -143,9 +141,6 @@ def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = Tr
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("VERISPEC_SLOW"),
-                    reason="opt-in (VERISPEC_SLOW=1): 600 real-pair generations in llama.cpp, about 20 min on one "
-                           "core (passed in 1220 s on 2026-11-30, docs/results/speed_llamacpp.md)")
 def test_sampled_law_is_the_llamacpp_target_law(engine):
     """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 2),
     whole 2-token continuations: chi-square goodness of fit to the target's exact law (its own processed
