@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from verispec.eval.be_curves import Contrast, Curve, be_curves, paper_contrasts, paper_grid, shapes
 from verispec.eval.estimator import DistLog, Trajectory, estimate
@@ -175,3 +176,19 @@ def test_paper_grid_and_every_paper_claim_resolve():
     sh = shapes(res)
     assert set(sh["curve"]) == names and set(sh["task"]) == {"all", "x", "y"}
 
+
+def test_cli_writes_the_files(tmp_path):
+    from verispec.bench_cli import bench
+
+    path = tmp_path / "dists.pt"
+    _log().save(path)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(bench, ["be-curves", str(path), "--out", str(out), "--n-boot", "50"])
+    assert r.exit_code == 0, r.output
+    for name in ("be_curves.csv", "be_curves.md", "be_curves.png", "be_deltas.png", "be_shapes.csv",
+                 "be_claims.csv"):
+        assert (out / name).stat().st_size > 0, name
+    md = (out / "be_curves.md").read_text()
+    assert "Table 7: SpecCascade - min-p sampling" in md and "## min-p (Fig. 5 top)" in md
+    bad = CliRunner().invoke(bench, ["be-curves", str(out / "be_curves.csv"), "--out", str(out)])
+    assert bad.exit_code != 0
