@@ -8,6 +8,7 @@ A click group (``bench``) registered on the main CLI. Commands::
                                             [--ray-cpus-per-worker C] [--ray-gpus-per-worker G] [--ray-max-retries R]
     verispec bench report RUN_DIR [--out DIR]
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
+    verispec bench be-curves LOG --out DIR [--gamma 5] [--fine] [--n-boot 2000] [--seed 0]
 
 ``run`` resumes: started again on the same RUN_DIR it skips the units already in ``results.jsonl``.
 Errors in the user's input exit with status 1 and one line on stderr.
@@ -177,6 +178,32 @@ def estimate_cmd(run_dir: str, top_k: int, full: bool, max_per_setting: int | No
     try:
         files = estimate_run(run_dir, top_k=None if full else top_k, max_per_setting=max_per_setting,
                              log=lambda m: click.echo(m, err=True))
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    for path in files.values():
+        click.echo(f"wrote {path}")
+
+
+@bench.command(name="be-curves")
+@click.argument("log_path", metavar="LOG", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=1), help="Drafts per round.")
+@click.option("--fine", is_flag=True,
+              help="Finer parameter axes (p_base step 0.05, epsilon 0.025, lam / l 0.1), paper values included.")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Bootstrap resamples (trajectories resampled with replacement).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed.")
+def be_curves_cmd(log_path: str, out_dir: str, gamma: int, fine: bool, n_boot: int, seed: int) -> None:
+    """Expected BE vs parameter for every rule (Figure 5; BE of Tables 1, 4, 6, 7) from an offline-estimator
+    DistLog (e.g. RUN_DIR/estimator/dists.pt): DIR/be_curves.{csv,md,png}, be_deltas.png, be_shapes.csv,
+    be_claims.csv."""
+    import torch
+
+    from .eval.be_curves import write_be_curves
+
+    torch.set_num_threads(1)
+    try:
+        files = write_be_curves(log_path, out_dir, gamma=gamma, fine=fine, n_boot=n_boot, seed=seed)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     for path in files.values():
