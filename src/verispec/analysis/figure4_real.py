@@ -101,34 +101,16 @@ def log_reference(run_dir: str | Path, out_path: str | Path, *, per_task: int = 
     """Log p, q along :func:`select_reference`'s outputs (``method``'s, lossless by default) with the run's own
     models and sampling settings (resumable: trajectories already in ``out_path`` are kept); returns the
     :class:`DistLog`."""
-    from ..eval.estimator import DistLog, _models, log_distributions
-    from ..eval.runner import default_engine_factory, encode_problem, get_task
+    from ..eval.estimator import log_records
     from ..eval.sweep import SweepConfig
 
-    say = say or (lambda s: None)
-    run_dir, out_path = Path(run_dir), Path(out_path)
+    run_dir = Path(run_dir)
     cfg = SweepConfig.from_json(json.loads((run_dir / "config.json").read_text()))
     if threads is not None:
         cfg = dataclasses.replace(cfg, threads=threads)
         torch.set_num_threads(threads)
     recs = select_reference(run_dir, per_task, seed, method)
-    sampling = cfg.sampling_config()
-    dist = DistLog.load(out_path) if out_path.exists() else DistLog(top_k=top_k, sampling=dict(sampling.__dict__))
-    if dist.top_k != top_k:
-        raise ValueError(f"{out_path} was logged with top_k={dist.top_k}, not {top_k}")
-    todo = [r for r in recs if r["key"] not in dist.keys()]
-    if todo:
-        engine = (engine_factory or default_engine_factory)(cfg)
-        target, draft = _models(engine)
-        problems = {}
-        for name in {r["task"] for r in todo}:
-            problems.update({(name, p.id): p for p in get_task(name).load()})
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        for i, r in enumerate(todo, 1):
-            prompt = encode_problem(engine, problems[(r["task"], r["problem_id"])])
-            log_distributions(target, draft, [(r["key"], prompt, r["token_ids"])], sampling, top_k, log=dist)
-            dist.save(out_path)
-            say(f"logged {i}/{len(todo)}: {r['key']} ({len(r['token_ids'])} positions)")
+    dist = log_records(cfg, recs, out_path, top_k=top_k, engine_factory=engine_factory, say=say)
     return dist
 
 

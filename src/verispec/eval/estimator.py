@@ -338,6 +338,37 @@ def _models(engine: Any) -> tuple[Any, Any]:
     return engine.target.model, getattr(backend, "model", backend)
 
 
+def log_records(cfg: Any, recs: Sequence[dict], cache: str | Path, *, top_k: int | None = 64,
+                engine_factory: Any = None, say: Any = None, save_every: int = 1) -> DistLog:
+    """Log p and q along the outputs ``recs`` (result records of a sweep with config ``cfg``) into the
+    :class:`DistLog` cached at ``cache`` (resumable: records already there are skipped; saved every
+    ``save_every`` records and at the end); the models are built only if something is left to log."""
+    from .runner import default_engine_factory, encode_problem, get_task
+
+    say = say or (lambda s: None)
+    cache = Path(cache)
+    sampling = cfg.sampling_config()
+    dist = DistLog.load(cache) if cache.exists() else DistLog(top_k=top_k, sampling=dict(sampling.__dict__))
+    if dist.top_k != top_k:
+        raise ValueError(f"{cache} was logged with top_k={dist.top_k}; delete it or pass top_k={dist.top_k}")
+    todo = [r for r in recs if r["key"] not in dist.keys()]
+    if not todo:
+        return dist
+    engine = (engine_factory or default_engine_factory)(cfg)
+    target, draft = _models(engine)
+    problems = {}
+    for name in {r["task"] for r in todo}:
+        problems.update({(name, p.id): p for p in get_task(name).load()})
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(todo, 1):
+        prompt = encode_problem(engine, problems[(r["task"], r["problem_id"])])
+        log_distributions(target, draft, [(r["key"], prompt, r["token_ids"])], sampling, top_k, log=dist)
+        say(f"logged {i}/{len(todo)}: {r['key']} ({len(r['token_ids'])} positions)")
+        if i % save_every == 0 or i == len(todo):
+            dist.save(cache)
+    return dist
+
+
 def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int | None = 64,
                  max_per_setting: int | None = None, log: Any = None) -> dict[str, Path]:
     """Log the distributions along a run's outputs (cached in ``RUN_DIR/estimator/dists.pt``), then write
@@ -357,7 +388,7 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
 
     import pandas as pd
 
-    from .runner import default_engine_factory, encode_problem, get_task, read_results
+    from .runner import read_results
     from .sweep import SweepConfig
 
     say = log or (lambda s: None)
@@ -383,25 +414,8 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
         groups = order[:max_per_setting]
         keep = set(groups)
         recs = [r for r in recs if (r["task"], r["problem_id"], r["seed"]) in keep]
-    cache = out / "dists.pt"
-    fresh = DistLog(top_k=top_k, sampling=dict(cfg.sampling_config().__dict__))
-    dist = DistLog.load(cache) if cache.exists() else fresh
-    if dist.top_k != top_k:
-        raise ValueError(f"{cache} was logged with top_k={dist.top_k}; delete it or pass --top-k {dist.top_k}")
-    todo = [r for r in recs if r["key"] not in dist.keys()]
-    if todo:
-        engine = (engine_factory or default_engine_factory)(cfg)
-        target, draft = _models(engine)
-        problems = {}
-        for name in {r["task"] for r in todo}:
-            problems.update({(name, p.id): p for p in get_task(name).load()})
-        sampling = cfg.sampling_config()
-        for i, r in enumerate(todo, 1):
-            prompt = encode_problem(engine, problems[(r["task"], r["problem_id"])])
-            log_distributions(target, draft, [(r["key"], prompt, r["token_ids"])], sampling, top_k, log=dist)
-            say(f"logged {i}/{len(todo)}: {r['key']} ({len(r['token_ids'])} positions)")
-            if i % 5 == 0 or i == len(todo):
-                dist.save(cache)
+    dist = log_records(cfg, recs, out / "dists.pt", top_k=top_k, engine_factory=engine_factory, say=say,
+                       save_every=5)
     by_key = {t.key: t for t in dist.trajectories}
     settings = {m.label: m for m in cfg.methods}
 
@@ -475,4 +489,4 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
         lines.append("(no lossless outputs in this run to use as reference trajectories)")
     (out / "estimate.md").write_text("\n".join(lines) + "\n")
     return {"selfcheck": out / "selfcheck.csv", "estimate": out / "estimate.csv", "markdown": out / "estimate.md",
-            "dists": cache}
+            "dists": out / "dists.pt"}
