@@ -232,7 +232,7 @@ class LlamaCppBackend:
             return
         if self.prefix_cache and r.tokens:  # keep the history for a later row with the same prefix
             self._truncate(r, len(r.tokens))
-            self._retired[r.seq] = list(r.tokens)
+            self._retired[r.seq] = r.tokens  # the row is gone: its list is not shared
         else:
             _llama.llama_memory_seq_rm(self._mem, r.seq, -1, -1)
             self._free_seqs.append(r.seq)
@@ -332,7 +332,7 @@ class LlamaCppBackend:
         """One batched ``llama_decode`` for every request; float32 logits per request (see the contract)."""
         if not requests:
             return []
-        plan_requests(requests, self._plan)  # validate everything before any state changes
+        plans = plan_requests(requests, self._plan)  # validate everything before any state changes
         unbound = [q for q in requests if self._rows[q.row].seq is None]
         free = len(self._free_seqs) + len(self._retired)
         if len(unbound) > free:
@@ -341,7 +341,8 @@ class LlamaCppBackend:
                              "LlamaCppBackend(max_rows=...))")
         for q in unbound:
             self._bind(self._rows[q.row], q.ids)
-        plans = plan_requests(requests, self._plan)  # again: bound rows may start from a cached prefix
+        if unbound and self.prefix_cache:  # a new row may start from a cached prefix: feed less
+            plans = plan_requests(requests, self._plan)
         # sync every row (exact rollback), then lay the batch out: per token (token, pos, seq, wants logits)
         entries: list[tuple[int, int, int, bool]] = []
         outs: list[np.ndarray] = []

@@ -45,6 +45,7 @@ import torch
 from .. import rules as _rules
 from ..rules import Rule, matched_baseline
 from .estimator import DistLog, be_iid, be_trajectory, position_stats
+from .report import md_table
 from .sweep import PAPER_PARAM_MAPS, PRESETS, setting
 
 __all__ = [
@@ -471,12 +472,6 @@ def _small(x: float) -> str:
     return "0" if abs(x) < 1e-12 else f"{x:.2e}"
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
 def _markdown(res: BECurves, shape: pd.DataFrame) -> str:
     t = res.table
     info = res.log_info
@@ -503,7 +498,7 @@ def _markdown(res: BECurves, shape: pd.DataFrame) -> str:
             continue
         fmt = "{:+.2%}" if c.relative else ("{:.3f}" if not c.minus else "{:+.4f}")
         rows.append([c.name] + [_ci(*res.contrast(c, g), fmt=fmt) for g in groups] + [c.paper])
-    lines += _md_table(["claim"] + [f"ours: {g}" for g in groups] + ["paper"], rows) + [""]
+    lines += [md_table(["claim"] + [f"ours: {g}" for g in groups] + ["paper"], rows), ""]
     lines += ["## Shapes", "",
               f"Per curve: the x with the largest BE; BE(peak) - BE(first x) and BE(peak) - BE(last x); adjacent "
               f"steps whose {pct} interval lies above 0 (up) or below 0 (down).", ""]
@@ -513,8 +508,8 @@ def _markdown(res: BECurves, shape: pd.DataFrame) -> str:
                      _ci(s["peak_minus_first"], s["peak_minus_first_lo"], s["peak_minus_first_hi"]),
                      _ci(s["peak_minus_last"], s["peak_minus_last_lo"], s["peak_minus_last_hi"]),
                      f"{s['steps_up']} / {s['steps_down']} of {s['steps']}"])
-    lines += _md_table(["curve", "task", "peak at", "BE peak", "peak - first", "peak - last", "steps up / down"],
-                       rows) + [""]
+    lines += [md_table(["curve", "task", "peak at", "BE peak", "peak - first", "peak - last", "steps up / down"],
+                       rows), ""]
     base = t[t["curve"] == "lossless"].set_index("task")
     lines += ["## Lossless SD", "",
               *[f"- {g}: BE {_ci(base.loc[g, 'be'], base.loc[g, 'be_lo'], base.loc[g, 'be_hi'], '{:.3f}')}, "
@@ -532,7 +527,7 @@ def _markdown(res: BECurves, shape: pd.DataFrame) -> str:
                      _ci(r["d_prev"], r["d_prev_lo"], r["d_prev_hi"]), f"{r['alpha']:.4f}", _small(r["kl"]),
                      _small(r["tv"])] for _, r in s.iterrows()]
             lines += [f"### {g}", ""]
-            lines += _md_table(["curve", "x", "BE_traj", "d_ref", "d_prev", "alpha", "KL", "TV"], rows) + [""]
+            lines += [md_table(["curve", "x", "BE_traj", "d_ref", "d_prev", "alpha", "KL", "TV"], rows), ""]
     return "\n".join(lines)
 
 

@@ -32,7 +32,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from .report import load_frame
+from .report import load_frame, md_table
 
 __all__ = ["CLAIMS", "AVAILABLE_PAIRS", "Claim", "coupling_table", "design_effect", "n_for_halfwidth", "n_required",
            "paired_differences", "paired_summary", "plan_markdown", "power_markdown", "power_table", "ratio_ci",
@@ -295,11 +295,6 @@ def _fmt(x: object, digits: int = 2) -> str:
     return str(x)
 
 
-def _md(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def power_markdown(table: pd.DataFrame) -> str:
     header = ["claim", "paper effect (dAcc pp / dBE)", "analogue (tasks)", "pairs", "sd dAcc pp", "sd dBE",
               "deff acc / BE", "n pairs acc", "n pairs BE"]
@@ -312,7 +307,7 @@ def power_markdown(table: pd.DataFrame) -> str:
                      _fmt(r["sd_acc"], 1), _fmt(r["sd_be"], 3), f"{_fmt(r['deff_acc'])} / {_fmt(r['deff_be'])}",
                      _fmt(math.ceil(r["n_acc"]) if np.isfinite(r["n_acc"]) else r["n_acc"], 0),
                      _fmt(math.ceil(r["n_be"]) if np.isfinite(r["n_be"]) else r["n_be"], 0)])
-    return _md(header, rows)
+    return md_table(header, rows)
 
 
 def plan_markdown(table: pd.DataFrame, units_per_hour: float) -> str:
@@ -331,7 +326,7 @@ def plan_markdown(table: pd.DataFrame, units_per_hour: float) -> str:
                      f"{_fmt(ua, 0)} / {_fmt(ub, 0)}",
                      f"{h(ua, units_per_hour)} / {h(ua, 3 * units_per_hour)}; "
                      f"{h(ub, units_per_hour)} / {h(ub, 3 * units_per_hour)}"])
-    return _md(header, rows)
+    return md_table(header, rows)
 
 
 def coupling_markdown(table: pd.DataFrame) -> str:
@@ -347,7 +342,7 @@ def coupling_markdown(table: pd.DataFrame) -> str:
              f"{_fmt(r['ratio_be'])} [{_fmt(r['ratio_be_lo'])}, {_fmt(r['ratio_be_hi'])}]",
              f"{100 * r['discordant_common']:.0f}% / {100 * r['discordant_independent']:.0f}%"]
             for _, r in table.iterrows()]
-    return _md(header, rows)
+    return md_table(header, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -275,7 +275,8 @@ def _param_text(params: str) -> str:
     return ", ".join(f"{k}={v}" for k, v in d.items()) or "–"
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (cells converted with str)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -298,7 +299,7 @@ def _settings_md(st: pd.DataFrame, tasks: list[str], order: list[str]) -> str:
             r = r.iloc[0]
             row += [_pm(r["be"], r["be_std"], 2), _pm(r["ds"], r["ds_std"], 2), _pm(r["acc"], r["acc_std"], 1)]
         rows.append(row)
-    return _md_table(header, rows)
+    return md_table(header, rows)
 
 
 def method_table(st: pd.DataFrame) -> pd.DataFrame:
@@ -324,7 +325,7 @@ def _methods_md(mt: pd.DataFrame, tasks: list[str], rule_order: list[str]) -> st
                 r = r.iloc[0]
                 row += [f"{r['be']:.2f}", f"{r['ds']:.2f}", f"{r['acc']:.1f}"]
         rows.append(row)
-    return _md_table(header, rows)
+    return md_table(header, rows)
 
 
 def _ci(point: float, lo: float, hi: float, digits: int) -> str:
@@ -344,7 +345,7 @@ def _delta_md(dt: pd.DataFrame) -> str:
              f"{r['d_ds']:+.2f}" if not math.isnan(r["d_ds"]) else "-",
              f"{r['shared_prefix']:.1f} of {r['mean_tokens']:.1f}; {100 * r['identical']:.0f}%"]
             for _, r in dt.iterrows()]
-    return _md_table(header, rows)
+    return md_table(header, rows)
 
 
 def _fence(text: str) -> str:
