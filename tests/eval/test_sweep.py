@@ -104,6 +104,9 @@ def test_no_pairing_presets_and_lossless_not_duplicated():
     ({"seeds": [0, 0]}, "distinct"),
     ({"temperature": -1}, "temperature"),
     ({"colour": "blue"}, "unknown key"),
+    ({"tasks": [{"name": "toy", "options": {"lenient": True}}]}, "takes no options"),
+    ({"tasks": [{"name": "bfcl", "options": {"lenent": True}}]}, "does not take the option"),
+    ({"tasks": [{"name": "bfcl", "options": [1]}]}, "table of named values"),
 ])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -118,6 +121,33 @@ def test_repo_configs_parse():
     assert list(small.seeds) == [0, 1, 2] and small.temperature == 0.7
     for name in ("smoke.toml", "paper_grid.toml", "toy.toml"):
         load_config(REPO / "configs" / name)
+
+
+def test_task_options_reach_the_task_and_the_settings():
+    """``[[tasks]] options`` builds the task with them (bfcl's lenient checker), is recorded in the settings of
+    that task's units only, survives config.json, and a resumed run with other options is refused."""
+    cfg = _cfg(tasks=[{"name": "bfcl", "limit": 1, "options": {"lenient": True}}, {"name": "toy", "limit": 1}])
+    assert cfg.task_options("bfcl") == {"lenient": True} and cfg.task_options("toy") == {}
+    assert cfg.settings("bfcl")["task_options"] == {"lenient": True} and "task_options" not in cfg.settings("toy")
+    back = type(cfg).from_json(json.loads(json.dumps(cfg.to_json())))
+    assert back.task_options("bfcl") == {"lenient": True} and back.restricted(limit=1).task_options("bfcl")
+    assert runner.get_task("bfcl", **cfg.task_options("bfcl")).lenient is True
+    assert runner.get_task("bfcl").lenient is False
+    problems = runner.load_problems(cfg)
+    executor = runner.UnitExecutor(cfg, engine=None, problems=problems)
+    assert executor.tasks["bfcl"].lenient is True
+    strict = _cfg(tasks=[{"name": "bfcl", "limit": 1}, {"name": "toy", "limit": 1}])
+    assert runner.UnitExecutor(strict, engine=None, problems=problems).tasks["bfcl"].lenient is False
+
+
+def test_resume_refuses_other_task_options(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lenient = _cfg(tasks=[{"name": "bfcl", "limit": 1, "options": {"lenient": True}}])
+    (run_dir / "config.json").write_text(json.dumps(lenient.to_json()))
+    runner._check_settings(run_dir, lenient)  # same options: accepted
+    with pytest.raises(ValueError, match="options of bfcl"):
+        runner._check_settings(run_dir, _cfg(tasks=[{"name": "bfcl", "limit": 1}]))
 
 
 def _write_toy(path: Path, seeds=(0, 1), limit=4) -> Path:

@@ -102,13 +102,16 @@ class ToyTask:
 EXTRA_TASKS: dict[str, Callable[[], Any]] = {"toy": ToyTask, "toy2": lambda: ToyTask("toy2", 12)}
 
 
-def get_task(name: str) -> Any:
-    """A task from :mod:`verispec.eval.tasks`, or one of the toy tasks (``toy``, ``toy2``)."""
+def get_task(name: str, **options: object) -> Any:
+    """A task from :mod:`verispec.eval.tasks` built with ``options``, or one of the toy tasks (``toy``, ``toy2``,
+    which take none)."""
     if name in EXTRA_TASKS:
+        if options:
+            raise ValueError(f"task {name!r} takes no options, got {', '.join(sorted(options))}")
         return EXTRA_TASKS[name]()
     from .tasks import get_task as real
 
-    return real(name)
+    return real(name, **options)
 
 
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
@@ -252,7 +255,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def load_problems(cfg: SweepConfig) -> dict[str, list[Problem]]:
     """Problems of every task of the config (limit and subset applied)."""
-    return {t.name: get_task(t.name).load(limit=t.limit, subset=list(t.subset) if t.subset else None)
+    return {t.name: get_task(t.name, **dict(t.options)).load(limit=t.limit,
+                                                             subset=list(t.subset) if t.subset else None)
             for t in cfg.tasks}
 
 
@@ -342,7 +346,7 @@ class UnitExecutor:
     def __init__(self, cfg: SweepConfig, engine: Any, problems: Mapping[str, Sequence[Problem]]) -> None:
         self.cfg = cfg
         self.engine = engine
-        self.tasks = {name: get_task(name) for name in problems}
+        self.tasks = {name: get_task(name, **cfg.task_options(name)) for name in problems}
         self.problems = {(name, p.id): p for name, ps in problems.items() for p in ps}
         self.prompts: dict[tuple[str, str], list[int]] = {}
 
@@ -393,6 +397,10 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     for t in new["tasks"]:
         if t["name"] in old_tasks and old_tasks[t["name"]] != t.get("max_new_tokens"):
             diff.append(f"max_new_tokens of {t['name']}")
+    old_options = {t["name"]: t.get("options") or {} for t in old.get("tasks", [])}
+    for t in new["tasks"]:
+        if t["name"] in old_options and old_options[t["name"]] != (t.get("options") or {}):
+            diff.append(f"options of {t['name']}")
     if diff:
         raise ValueError(f"{run_dir} holds results of a sweep with different settings ({', '.join(diff)}); "
                          "use another --out directory")

@@ -28,6 +28,7 @@ A config (see ``configs/*.toml``)::
     limit = 20                  # first N problems (after subset)
     subset = ["HumanEval/0"]    # optional, task-specific (ids, languages, categories)
     max_new_tokens = 384        # optional, overrides the global value for this task
+    options = { lenient = true }   # optional, passed to the task's constructor (bfcl: lenient, default false)
 
     [[methods]]
     rule = "spec-cascade"
@@ -76,7 +77,7 @@ import json
 import math
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if sp
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
              "tasks", "methods", "baseline_draft_truncation", "coupling"}
 _MODEL_KEYS = {"target", "draft", "drafter", "target_backend", "dtype", "threads", "device"}
-_TASK_KEYS = {"name", "limit", "subset", "max_new_tokens"}
+_TASK_KEYS = {"name", "limit", "subset", "max_new_tokens", "options"}
 _METHOD_KEYS = {"rule", "params"}
 
 
@@ -259,6 +260,7 @@ class TaskSpec:
     limit: int | None = None
     subset: tuple[str, ...] | None = None
     max_new_tokens: int | None = None  # None: the sweep's value
+    options: tuple[tuple[str, object], ...] = ()  # keyword arguments of the task's constructor, sorted
 
 
 @dataclass(frozen=True)
@@ -298,10 +300,15 @@ class SweepConfig:
         spec = next((t for t in self.tasks if t.name == task), None)
         return spec.max_new_tokens if spec is not None and spec.max_new_tokens else self.max_new_tokens
 
+    def task_options(self, task: str) -> dict[str, object]:
+        """The constructor options of ``task`` (``[[tasks]] options``; empty when it sets none)."""
+        spec = next((t for t in self.tasks if t.name == task), None)
+        return dict(spec.options) if spec is not None else {}
+
     def settings(self, task: str | None = None) -> dict[str, Any]:
         """What determines a unit's output besides (rule, params, task, problem, seed); stored in every result
         line (with ``task``: that task's max_new_tokens) and compared when a run directory is resumed."""
-        return {
+        out = {
             "temperature": self.temperature,
             "sampling": dict(self.sampling),
             "gamma": self.gamma,
@@ -314,6 +321,10 @@ class SweepConfig:
             "baseline_draft_truncation": self.baseline_draft_truncation,
             "coupling": self.coupling,
         }
+        # only where set, so result lines of runs without task options keep their former settings
+        if task is not None and self.task_options(task):
+            out["task_options"] = self.task_options(task)
+        return out
 
     def baseline_of(self, method: MethodSetting) -> MethodSetting:
         """The matched baseline setting of ``method`` in this sweep (with its baseline draft_truncation)."""
@@ -334,7 +345,8 @@ class SweepConfig:
         d["methods"] = [{"rule": m.rule, "params": dict(m.params), "label": m.label} for m in self.methods]
         d["sampling"] = dict(self.sampling)
         d["tasks"] = [{"name": t.name, "limit": t.limit, "subset": list(t.subset) if t.subset else None,
-                       "max_new_tokens": t.max_new_tokens} for t in self.tasks]
+                       "max_new_tokens": t.max_new_tokens, **({"options": dict(t.options)} if t.options else {})}
+                      for t in self.tasks]
         d["seeds"] = list(self.seeds)
         return d
 
@@ -344,7 +356,8 @@ class SweepConfig:
         return cls(
             name=d["name"],
             tasks=tuple(TaskSpec(t["name"], t.get("limit"), tuple(t["subset"]) if t.get("subset") else None,
-                                 t.get("max_new_tokens")) for t in d["tasks"]),
+                                 t.get("max_new_tokens"), tuple(sorted((t.get("options") or {}).items())))
+                        for t in d["tasks"]),
             methods=tuple(MethodSetting(m["rule"], tuple(m["params"].items())) for m in d["methods"]),
             seeds=tuple(d["seeds"]),
             temperature=d["temperature"],
@@ -374,15 +387,12 @@ class SweepConfig:
                                  f"({', '.join(t.name for t in specs)})")
             specs = [t for t in specs if t.name in tasks]
         if limit is not None:
-            specs = [TaskSpec(t.name, limit if t.limit is None else min(t.limit, limit), t.subset, t.max_new_tokens)
-                     for t in specs]
+            specs = [replace(t, limit=limit if t.limit is None else min(t.limit, limit)) for t in specs]
         new_seeds = self.seeds if seeds is None else tuple(int(s) for s in seeds)
         return _replace(self, tasks=tuple(specs), seeds=new_seeds)
 
 
 def _replace(cfg: SweepConfig, **changes: object) -> SweepConfig:
-    from dataclasses import replace
-
     return replace(cfg, **changes)  # type: ignore[arg-type]
 
 
@@ -391,6 +401,15 @@ def _check_keys(where: str, got: Mapping, allowed: set[str]) -> None:
     if unknown:
         raise ValueError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}; allowed: "
                          f"{', '.join(sorted(allowed))}")
+
+
+def _check_task_options(name: str, options: Mapping[str, object]) -> None:
+    """ValueError unless the task's constructor takes ``options`` (built once here, so a typo fails at parse)."""
+    from .tasks import TASKS, get_task
+
+    if name not in TASKS:
+        raise ValueError(f"task {name!r} takes no options, got {', '.join(sorted(options))}")
+    get_task(name, **options)
 
 
 def _int(name: str, v: object, minimum: int) -> int:
@@ -418,7 +437,12 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         mnt = t.get("max_new_tokens")
         if mnt is not None:
             mnt = _int(f"max_new_tokens of task {t['name']!r}", mnt, 1)
-        tasks.append(TaskSpec(str(t["name"]), limit, subset, mnt))
+        options = t.get("options") or {}
+        if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+            raise ValueError(f"options of task {t['name']!r} must be a table of named values, got {options!r}")
+        if options:
+            _check_task_options(str(t["name"]), options)
+        tasks.append(TaskSpec(str(t["name"]), limit, subset, mnt, tuple(sorted(options.items()))))
     if not tasks:
         raise ValueError("the config has no [[tasks]]")
     raw = []

@@ -32,12 +32,17 @@ TASKS: dict[str, Callable[[], Task]] = {
 }
 
 
-def get_task(name: str) -> Task:
-    """A fresh instance of the task registered as ``name``."""
+def get_task(name: str, **options: object) -> Task:
+    """A fresh instance of the task registered as ``name``, built with ``options`` (e.g. ``lenient=True`` for
+    ``bfcl``); ValueError naming the option when the task does not take it."""
     try:
-        return TASKS[name]()
+        factory = TASKS[name]
     except KeyError:
         raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
+    try:
+        return factory(**options)
+    except TypeError as e:
+        raise ValueError(f"task {name!r} does not take the option(s) {', '.join(sorted(options))}: {e}") from None
 
 
 __all__ = ["TASKS", "Grade", "Message", "Problem", "Task", "get_task"]
