@@ -7,6 +7,7 @@ A click group (``bench``) registered on the main CLI. Commands::
     verispec bench run CONFIG --out RUN_DIR --ray [auto | local | HOST:PORT] [--ray-workers N]
                                             [--ray-cpus-per-worker C] [--ray-gpus-per-worker G] [--ray-max-retries R]
     verispec bench report RUN_DIR [--out DIR]
+    verispec bench compare RUN_A RUN_B [--pair LOSSY=BASELINE ...] [--out FILE.md]   # gap in A vs gap in B
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
     verispec bench be-curves LOG --out DIR [--gamma 5] [--fine] [--n-boot 2000] [--seed 0]
 
@@ -160,6 +161,45 @@ def report_cmd(run_dir: str, out_dir: str | None) -> None:
         raise _fail(exc) from None
     for path in files.values():
         click.echo(f"wrote {path}")
+
+
+def _split_pair(text: str) -> tuple[str, str]:
+    """'LOSSY=BASELINE' split at the '=' outside parentheses (labels such as spec-cascade(p_base=0.3) hold '=')."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "=" and depth == 0 and text[:i].strip() and text[i + 1:].strip():
+            return text[:i].strip(), text[i + 1:].strip()
+    raise click.BadParameter(f"--pair must be LOSSY=BASELINE (setting labels), got {text!r}")
+
+
+@bench.command(name="compare")
+@click.argument("run_a", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_b", type=click.Path(exists=True, file_okay=False))
+@click.option("--pair", "pairs", multiple=True, metavar="LOSSY=BASELINE",
+              help="Setting labels to compare (repeatable); default every matched pair of RUN_A that RUN_B has.")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the Markdown table here and the numbers next to it (.csv).")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
+def compare_cmd(run_a: str, run_b: str, pairs: tuple[str, ...], out_path: str | None, n_boot: int) -> None:
+    """Gap (lossy - matched baseline) in RUN_A vs in RUN_B on the problems and seeds both ran, e.g. tree vs chain
+    drafting (Table 7's amplification), with paired cluster-bootstrap intervals."""
+    from pathlib import Path
+
+    from .eval.report import compare_runs
+
+    parsed = [_split_pair(text) for text in pairs]
+    try:
+        table, md = compare_runs(run_a, run_b, parsed or None, n_boot=n_boot)
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    click.echo(md, nl=False)
+    if out_path:
+        out = Path(out_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(md)
+        table.to_csv(out.with_suffix(".csv"), index=False)
+        click.echo(f"wrote {out} and {out.with_suffix('.csv')}")
 
 
 @bench.command(name="estimate")

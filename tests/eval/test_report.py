@@ -141,3 +141,64 @@ def test_paired_delta_and_first_difference():
     assert first_difference("abcX", "abcY") == 3 and first_difference("abc", "abcdef") == 3
     assert first_difference("", "x") == 0 and first_difference("same", "same") == 4
     assert json.loads(json.dumps(res))
+
+
+def _frame(rng, n_problems, d_acc_p, be_l, label="lossy", seeds=3):
+    """A load_frame-like frame: one lossy setting and its baseline per (problem, seed); the lossy unit passes
+    with the baseline's outcome flipped to fail with probability d_acc_p; BE be_l vs 2.0."""
+    rows = []
+    for prob in range(n_problems):
+        for seed in range(seeds):
+            passed_b = bool(rng.random() < 0.7)
+            passed_l = passed_b and not rng.random() < d_acc_p
+            for lab, base, lossless, acc, passed in ((label, "base", False, be_l, passed_l),
+                                                    ("base", "base", True, 2.0, passed_b)):
+                rows.append({"task": "t", "problem_id": f"p{prob}", "seed": seed, "label": lab, "baseline": base,
+                             "lossless": lossless, "accepted": 10 * acc, "rounds": 10, "passed": passed,
+                             "new_tokens": 50, "total_s": 1.0, "token_ids": [1, 2]})
+    return pd.DataFrame(rows)
+
+
+def test_gap_difference_pairs_problems_across_runs(tmp_path):
+    """A run compared with itself: difference exactly 0 with a zero-width interval (fails if the two runs'
+    problems were resampled independently); two runs with known gaps: the difference is their difference, on the
+    shared keys only (A's extra problems are dropped)."""
+    from verispec.eval.report import gap_difference, matched_pairs
+
+    rng = np.random.default_rng(3)
+    a = _frame(rng, 40, 0.3, 3.0)
+    same = gap_difference(a, a, "lossy", "base", n_boot=400)
+    assert same["diff_d_acc"] == 0 and same["diff_d_acc_lo"] == 0 == same["diff_d_acc_hi"]
+    assert same["a_d_acc_lo"] < same["a_d_acc"] < same["a_d_acc_hi"] < 0
+    b = _frame(rng, 30, 0.0, 2.5)  # no accuracy gap, BE gap +0.5; A's problems 30..39 are not in B
+    res = gap_difference(a, b, "lossy", "base", n_boot=400)
+    assert res["n_problems"] == 30 and res["n_pairs"] == 90
+    assert res["a_d_be"] == pytest.approx(1.0) and res["b_d_be"] == pytest.approx(0.5)
+    assert res["diff_d_be"] == pytest.approx(0.5) and res["diff_d_be_lo"] == pytest.approx(0.5)
+    shared_a = a[a.problem_id.isin({f"p{i}" for i in range(30)})]
+    lossy_a, base_a = shared_a[shared_a.label == "lossy"], shared_a[shared_a.label == "base"]
+    expect = 100 * (lossy_a.passed.mean() - base_a.passed.mean())
+    assert res["a_d_acc"] == pytest.approx(expect) and res["b_d_acc"] == 0
+    assert res["diff_d_acc"] == pytest.approx(expect) and res["diff_d_acc_hi"] < 0
+    assert matched_pairs(a) == [("lossy", "base")]
+    with pytest.raises(ValueError, match="completed in both runs"):
+        gap_difference(a, b.assign(problem_id="other"), "lossy", "base")
+
+
+def test_compare_cli(run_dir, tmp_path):
+    """`bench compare` on a run and itself: every matched pair, zero differences, files written; bad input."""
+    out = tmp_path / "cmp.md"
+    res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--out", str(out), "--n-boot", "50"])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(out.with_suffix(".csv"))
+    assert set(table.lossy) == {"spec-cascade(p_base=0.3)", "spec-cascade(p_base=0.5)", "lenience(l=0.5)",
+                                "cos-we(lam=0.3)"}
+    assert (table.diff_d_be == 0).all() and (table.diff_d_acc == 0).all() and "dBE A - B" in out.read_text()
+    res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "lenience(l=0.5)=lossless",
+                                     "--pair", "spec-cascade(p_base=0.5)=minp-sampling(p_base=0.5)"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("| lenience(l=0.5) | lossless |") == 1 and res.output.count("| spec-cascade") == 1
+    res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "nonsense"])
+    assert res.exit_code != 0 and "LOSSY=BASELINE" in res.output
+    res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "a=b"])
+    assert res.exit_code == 1 and "completed in both runs" in res.output

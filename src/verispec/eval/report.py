@@ -37,8 +37,8 @@ import pandas as pd
 from .metrics import record_accepted_fraction, record_emitted_accepted
 from .runner import read_results
 
-__all__ = ["first_difference", "load_frame", "paired_delta", "per_seed", "per_setting", "shared_prefix",
-           "write_report"]
+__all__ = ["compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs", "paired_delta",
+           "per_seed", "per_setting", "shared_prefix", "write_report"]
 
 N_BOOT = 2000
 BOOT_SEED = 0
@@ -109,6 +109,48 @@ def per_setting(seeds: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------- bootstrap
 
 
+_PAIR_COLS = ("accepted_l", "rounds_l", "passed_l", "accepted_b", "rounds_b", "passed_b", "one",
+              "new_tokens_l", "total_s_l", "new_tokens_b", "total_s_b")
+
+
+def _cluster_sums(pairs: pd.DataFrame, clusters: list[str]) -> dict[str, np.ndarray]:
+    """Per (cluster, setting) sums of the pair columns: {column: [C, S]} (clusters in the given order)."""
+    settings = list(dict.fromkeys(pairs["setting"]))
+    ci, si = {c: i for i, c in enumerate(clusters)}, {s: i for i, s in enumerate(settings)}
+    mats = {}
+    for col in _PAIR_COLS:
+        m = np.zeros((len(clusters), len(settings)))
+        vals = np.ones(len(pairs)) if col == "one" else pairs[col].to_numpy(dtype=float)
+        np.add.at(m, (pairs["cluster"].map(ci).to_numpy(), pairs["setting"].map(si).to_numpy()), vals)
+        mats[col] = m
+    return mats
+
+
+def _delta_stat(mats: dict[str, np.ndarray], w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Delta BE, Delta accuracy (pp), Delta DS for cluster weights ``w`` [B, C]: pooled per setting, then the
+    mean over settings; each [B]."""
+    s = {k: w @ v for k, v in mats.items()}  # [B, S]
+    with np.errstate(invalid="ignore", divide="ignore"), _quiet():
+        dbe = s["accepted_l"] / s["rounds_l"] - s["accepted_b"] / s["rounds_b"]
+        dacc = 100.0 * (s["passed_l"] - s["passed_b"]) / s["one"]
+        dds = s["new_tokens_l"] / s["total_s_l"] - s["new_tokens_b"] / s["total_s_b"]
+        return np.nanmean(dbe, -1), np.nanmean(dacc, -1), np.nanmean(dds, -1)
+
+
+def _bootstrap_weights(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
+    """[n_boot, C] multinomial counts: clusters resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot).astype(float)
+
+
+def _interval(x: np.ndarray, n_clusters: int) -> tuple[float, float]:
+    if n_clusters < 2:
+        return math.nan, math.nan
+    with _quiet():
+        lo, hi = np.nanpercentile(x, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def paired_delta(pairs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict:
     """Delta BE and Delta accuracy (lossy - baseline) with 95% paired cluster-bootstrap intervals.
 
@@ -116,36 +158,44 @@ def paired_delta(pairs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = BOOT_SEE
     new_tokens_l, total_s_l, new_tokens_b, total_s_b (one row per (setting, problem, seed) pair). The statistic
     is the mean over settings of the pooled per-setting deltas; clusters (problems) are resampled.
     """
-    settings = list(dict.fromkeys(pairs["setting"]))
     clusters = list(dict.fromkeys(pairs["cluster"]))
-    ci, si = {c: i for i, c in enumerate(clusters)}, {s: i for i, s in enumerate(settings)}
-    C, S = len(clusters), len(settings)
-    mats = {}
-    for col in ("accepted_l", "rounds_l", "passed_l", "accepted_b", "rounds_b", "passed_b", "one",
-                "new_tokens_l", "total_s_l", "new_tokens_b", "total_s_b"):
-        m = np.zeros((C, S))
-        vals = np.ones(len(pairs)) if col == "one" else pairs[col].to_numpy(dtype=float)
-        np.add.at(m, (pairs["cluster"].map(ci).to_numpy(), pairs["setting"].map(si).to_numpy()), vals)
-        mats[col] = m
+    C = len(clusters)
+    mats = _cluster_sums(pairs, clusters)
+    point = [float(x[0]) for x in _delta_stat(mats, np.ones((1, C)))]
+    dbe, dacc, _ = _delta_stat(mats, _bootstrap_weights(C, n_boot, seed))
+    lo_be, hi_be = _interval(dbe, C)
+    lo_acc, hi_acc = _interval(dacc, C)
+    return {"d_be": point[0], "d_be_lo": lo_be, "d_be_hi": hi_be,
+            "d_acc": point[1], "d_acc_lo": lo_acc, "d_acc_hi": hi_acc, "d_ds": point[2],
+            "n_pairs": int(len(pairs)), "n_problems": C, "n_settings": len(set(pairs["setting"]))}
 
-    def stat(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        s = {k: w @ v for k, v in mats.items()}  # [B, S]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            dbe = s["accepted_l"] / s["rounds_l"] - s["accepted_b"] / s["rounds_b"]
-            dacc = 100.0 * (s["passed_l"] - s["passed_b"]) / s["one"]
-            dds = s["new_tokens_l"] / s["total_s_l"] - s["new_tokens_b"] / s["total_s_b"]
-        return np.nanmean(dbe, -1), np.nanmean(dacc, -1), np.nanmean(dds, -1)
 
-    point = [float(x[0]) for x in stat(np.ones((1, C)))]
-    rng = np.random.default_rng(seed)
-    w = rng.multinomial(C, np.full(C, 1.0 / C), size=n_boot).astype(float)
-    with np.errstate(invalid="ignore"), _quiet():
-        dbe, dacc, _ = stat(w)
-    lo_be, hi_be = np.nanpercentile(dbe, [2.5, 97.5]) if C > 1 else (math.nan, math.nan)
-    lo_acc, hi_acc = np.nanpercentile(dacc, [2.5, 97.5]) if C > 1 else (math.nan, math.nan)
-    return {"d_be": point[0], "d_be_lo": float(lo_be), "d_be_hi": float(hi_be),
-            "d_acc": point[1], "d_acc_lo": float(lo_acc), "d_acc_hi": float(hi_acc), "d_ds": point[2],
-            "n_pairs": int(len(pairs)), "n_problems": C, "n_settings": S}
+def gap_difference(df_a: pd.DataFrame, df_b: pd.DataFrame, lossy: str, base: str, n_boot: int = N_BOOT,
+                   seed: int = BOOT_SEED) -> dict:
+    """(lossy - base) in run A minus (lossy - base) in run B, on the (task, problem, seed) keys where all four
+    units completed: e.g. the tree gap minus the chain gap (Table 7's amplification). 95% interval by a cluster
+    bootstrap over problems with the SAME resampled problems for both runs, so each problem's two gaps stay
+    paired. Returns the two gaps (``a_*``, ``b_*``), their difference (``diff_*``) and the counts."""
+    tasks = sorted(set(df_a["task"]) | set(df_b["task"]))
+    pa, pb = _pairs(df_a, lossy, base, tasks), _pairs(df_b, lossy, base, tasks)
+    keys = ["task", "problem_id", "seed"]
+    shared = pa[keys].merge(pb[keys], on=keys)
+    pa, pb = pa.merge(shared, on=keys), pb.merge(shared, on=keys)
+    if pa.empty:
+        raise ValueError(f"no (task, problem, seed) has {lossy!r} and {base!r} completed in both runs")
+    clusters = list(dict.fromkeys(pa["cluster"]))
+    C = len(clusters)
+    ma, mb = _cluster_sums(pa, clusters), _cluster_sums(pb, clusters)
+    out: dict = {"lossy": lossy, "baseline": base, "n_pairs": int(len(pa)), "n_problems": C}
+    w = _bootstrap_weights(C, n_boot, seed)
+    one = np.ones((1, C))
+    for name, idx in (("be", 0), ("acc", 1)):
+        a_pt, b_pt = float(_delta_stat(ma, one)[idx][0]), float(_delta_stat(mb, one)[idx][0])
+        a_bs, b_bs = _delta_stat(ma, w)[idx], _delta_stat(mb, w)[idx]
+        for prefix, pt, bs in (("a", a_pt, a_bs), ("b", b_pt, b_bs), ("diff", a_pt - b_pt, a_bs - b_bs)):
+            lo, hi = _interval(bs, C)
+            out.update({f"{prefix}_d_{name}": pt, f"{prefix}_d_{name}_lo": lo, f"{prefix}_d_{name}_hi": hi})
+    return out
 
 
 class _quiet:
@@ -480,6 +530,42 @@ def plot_be_vs_param(st: pd.DataFrame, tasks: list[str], order: list[str], path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def matched_pairs(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(lossy setting, its matched baseline) for every lossy setting of a frame whose baseline is in it."""
+    labels = set(df["label"])
+    first = df.drop_duplicates("label")
+    return [(r.label, r.baseline) for r in first.itertuples()
+            if not r.lossless and r.baseline != r.label and r.baseline in labels]
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, pairs: Sequence[tuple[str, str]] | None = None,
+                 n_boot: int = N_BOOT) -> tuple[pd.DataFrame, str]:
+    """Gap of each (lossy, baseline) pair in run A vs in run B on their shared (task, problem, seed) keys
+    (:func:`gap_difference`); ``pairs`` default: the matched pairs of run A that run B also holds. Returns the
+    table and its Markdown."""
+    df_a, df_b = load_frame(run_a), load_frame(run_b)
+    if pairs is None:
+        have_b = set(df_b["label"])
+        pairs = [(lossy, base) for lossy, base in matched_pairs(df_a) if lossy in have_b and base in have_b]
+    if not pairs:
+        raise ValueError(f"{run_a} and {run_b} share no (lossy setting, matched baseline) pair")
+    table = pd.DataFrame([gap_difference(df_a, df_b, lossy, base, n_boot=n_boot) for lossy, base in pairs])
+    rows = [[r.lossy, r.baseline, f"{r.n_pairs} ({r.n_problems})",
+             _ci(r.a_d_be, r.a_d_be_lo, r.a_d_be_hi, 3), _ci(r.b_d_be, r.b_d_be_lo, r.b_d_be_hi, 3),
+             _ci(r.diff_d_be, r.diff_d_be_lo, r.diff_d_be_hi, 3),
+             _ci(r.a_d_acc, r.a_d_acc_lo, r.a_d_acc_hi, 1), _ci(r.b_d_acc, r.b_d_acc_lo, r.b_d_acc_hi, 1),
+             _ci(r.diff_d_acc, r.diff_d_acc_lo, r.diff_d_acc_hi, 1)] for r in table.itertuples()]
+    md = (f"Run A `{run_a}`, run B `{run_b}`: each gap is lossy - baseline on the (task, problem, seed) keys all "
+          f"four units completed; 95% cluster-bootstrap intervals ({n_boot} resamples over problems, the same "
+          "problems drawn for both runs).\n\n"
+          + md_table(["lossy", "baseline", "pairs (problems)", "dBE A", "dBE B", "dBE A - B", "dAcc A (pp)",
+                      "dAcc B (pp)", "dAcc A - B (pp)"], rows) + "\n")
+    return table, md
 
 
 # ------------------------------------------------------------------------------------------------- report
