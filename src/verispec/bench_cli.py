@@ -7,7 +7,7 @@ A click group (``bench``) registered on the main CLI. Commands::
     verispec bench run CONFIG --out RUN_DIR --ray [auto | local | HOST:PORT] [--ray-workers N]
                                             [--ray-cpus-per-worker C] [--ray-gpus-per-worker G] [--ray-max-retries R]
     verispec bench report RUN_DIR [--out DIR]
-    verispec bench compare RUN_A RUN_B [--pair LOSSY=BASELINE ...] [--out FILE.md]   # gap in A vs gap in B
+    verispec bench compare RUN_A [RUN_B] [--pair LOSSY=BASELINE ...] [--out FILE.md]  # gap in A vs gap in B
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
     verispec bench be-curves LOG --out DIR [--gamma 5] [--fine] [--n-boot 2000] [--seed 0]
 
@@ -175,15 +175,16 @@ def _split_pair(text: str) -> tuple[str, str]:
 
 @bench.command(name="compare")
 @click.argument("run_a", type=click.Path(exists=True, file_okay=False))
-@click.argument("run_b", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_b", required=False, type=click.Path(exists=True, file_okay=False))
 @click.option("--pair", "pairs", multiple=True, metavar="LOSSY=BASELINE",
               help="Setting labels to compare (repeatable); default every matched pair of RUN_A that RUN_B has.")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the Markdown table here and the numbers next to it (.csv).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
-def compare_cmd(run_a: str, run_b: str, pairs: tuple[str, ...], out_path: str | None, n_boot: int) -> None:
+def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path: str | None, n_boot: int) -> None:
     """Gap (lossy - matched baseline) in RUN_A vs in RUN_B on the problems and seeds both ran, e.g. tree vs chain
-    drafting (Table 7's amplification), with paired cluster-bootstrap intervals."""
+    drafting (Table 7's amplification), with paired cluster-bootstrap intervals. Without RUN_B: the paired gaps
+    of the --pair settings within RUN_A (any two settings, e.g. cos-we(lam=0.2)=cos-we(lam=0.8))."""
     from pathlib import Path
 
     from .eval.report import compare_runs

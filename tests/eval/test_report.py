@@ -198,6 +198,15 @@ def test_compare_cli(run_dir, tmp_path):
                                      "--pair", "spec-cascade(p_base=0.5)=minp-sampling(p_base=0.5)"])
     assert res.exit_code == 0, res.output
     assert res.output.count("| lenience(l=0.5) | lossless |") == 1 and res.output.count("| spec-cascade") == 1
+    one = CliRunner().invoke(bench, ["compare", str(run_dir), "--pair", "cos-we(lam=0.3)=lossless", "--n-boot", "50"])
+    assert one.exit_code == 0, one.output
+    row = next(line for line in one.output.splitlines() if line.startswith("| cos-we(lam=0.3) | lossless |"))
+    assert "A - B" not in one.output and row.count("|") == 6, row
+    from verispec.eval.report import delta_table
+
+    dt = delta_table(load_frame(run_dir), ["cos-we(lam=0.3)"], n_boot=50)
+    d = dt[dt.task == "all"].iloc[0]  # the report's own gap, both tasks pooled
+    assert row.split("|")[4].split()[0] == f"{d.d_be:+.3f}" and row.split("|")[5].split()[0] == f"{d.d_acc:+.1f}"
     res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "nonsense"])
     assert res.exit_code != 0 and "LOSSY=BASELINE" in res.output
     res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "a=b"])

@@ -543,26 +543,36 @@ def matched_pairs(df: pd.DataFrame) -> list[tuple[str, str]]:
             if not r.lossless and r.baseline != r.label and r.baseline in labels]
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, pairs: Sequence[tuple[str, str]] | None = None,
-                 n_boot: int = N_BOOT) -> tuple[pd.DataFrame, str]:
+def compare_runs(run_a: str | Path, run_b: str | Path | None = None,
+                 pairs: Sequence[tuple[str, str]] | None = None, n_boot: int = N_BOOT) -> tuple[pd.DataFrame, str]:
     """Gap of each (lossy, baseline) pair in run A vs in run B on their shared (task, problem, seed) keys
-    (:func:`gap_difference`); ``pairs`` default: the matched pairs of run A that run B also holds. Returns the
-    table and its Markdown."""
-    df_a, df_b = load_frame(run_a), load_frame(run_b)
+    (:func:`gap_difference`); ``pairs`` default: the matched pairs of run A that run B also holds. Without run B,
+    the paired gaps of ``pairs`` within run A (any two settings, e.g. two CoS parameters). Returns the table and
+    its Markdown."""
+    df_a = load_frame(run_a)
+    df_b = df_a if run_b is None else load_frame(run_b)
     if pairs is None:
         have_b = set(df_b["label"])
         pairs = [(lossy, base) for lossy, base in matched_pairs(df_a) if lossy in have_b and base in have_b]
     if not pairs:
         raise ValueError(f"{run_a} and {run_b} share no (lossy setting, matched baseline) pair")
     table = pd.DataFrame([gap_difference(df_a, df_b, lossy, base, n_boot=n_boot) for lossy, base in pairs])
+    boot = f"95% cluster-bootstrap intervals ({n_boot} resamples over problems"
+    if run_b is None:
+        table = table[[c for c in table.columns if not c.startswith(("b_", "diff_"))]]
+        rows = [[r.lossy, r.baseline, f"{r.n_pairs} ({r.n_problems})", _ci(r.a_d_be, r.a_d_be_lo, r.a_d_be_hi, 3),
+                 _ci(r.a_d_acc, r.a_d_acc_lo, r.a_d_acc_hi, 1)] for r in table.itertuples()]
+        md = (f"Run `{run_a}`: each gap is the first setting minus the second on the (task, problem, seed) keys "
+              f"both completed; {boot}).\n\n"
+              + md_table(["setting", "minus", "pairs (problems)", "dBE", "dAcc (pp)"], rows) + "\n")
+        return table, md
     rows = [[r.lossy, r.baseline, f"{r.n_pairs} ({r.n_problems})",
              _ci(r.a_d_be, r.a_d_be_lo, r.a_d_be_hi, 3), _ci(r.b_d_be, r.b_d_be_lo, r.b_d_be_hi, 3),
              _ci(r.diff_d_be, r.diff_d_be_lo, r.diff_d_be_hi, 3),
              _ci(r.a_d_acc, r.a_d_acc_lo, r.a_d_acc_hi, 1), _ci(r.b_d_acc, r.b_d_acc_lo, r.b_d_acc_hi, 1),
              _ci(r.diff_d_acc, r.diff_d_acc_lo, r.diff_d_acc_hi, 1)] for r in table.itertuples()]
     md = (f"Run A `{run_a}`, run B `{run_b}`: each gap is lossy - baseline on the (task, problem, seed) keys all "
-          f"four units completed; 95% cluster-bootstrap intervals ({n_boot} resamples over problems, the same "
-          "problems drawn for both runs).\n\n"
+          f"four units completed; {boot}, the same problems drawn for both runs).\n\n"
           + md_table(["lossy", "baseline", "pairs (problems)", "dBE A", "dBE B", "dBE A - B", "dAcc A (pp)",
                       "dAcc B (pp)", "dAcc A - B (pp)"], rows) + "\n")
     return table, md
