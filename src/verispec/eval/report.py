@@ -189,9 +189,11 @@ def gap_difference(df_a: pd.DataFrame, df_b: pd.DataFrame, lossy: str, base: str
     out: dict = {"lossy": lossy, "baseline": base, "n_pairs": int(len(pa)), "n_problems": C}
     w = _bootstrap_weights(C, n_boot, seed)
     one = np.ones((1, C))
+    pa_pt, pb_pt = _delta_stat(ma, one), _delta_stat(mb, one)  # each statistic once per run: (dBE, dAcc, dDS)
+    pa_bs, pb_bs = _delta_stat(ma, w), _delta_stat(mb, w)
     for name, idx in (("be", 0), ("acc", 1)):
-        a_pt, b_pt = float(_delta_stat(ma, one)[idx][0]), float(_delta_stat(mb, one)[idx][0])
-        a_bs, b_bs = _delta_stat(ma, w)[idx], _delta_stat(mb, w)[idx]
+        a_pt, b_pt = float(pa_pt[idx][0]), float(pb_pt[idx][0])
+        a_bs, b_bs = pa_bs[idx], pb_bs[idx]
         for prefix, pt, bs in (("a", a_pt, a_bs), ("b", b_pt, b_bs), ("diff", a_pt - b_pt, a_bs - b_bs)):
             lo, hi = _interval(bs, C)
             out.update({f"{prefix}_d_{name}": pt, f"{prefix}_d_{name}_lo": lo, f"{prefix}_d_{name}_hi": hi})

@@ -255,9 +255,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def load_problems(cfg: SweepConfig) -> dict[str, list[Problem]]:
     """Problems of every task of the config (limit and subset applied)."""
-    return {t.name: get_task(t.name, **dict(t.options)).load(limit=t.limit,
-                                                             subset=list(t.subset) if t.subset else None)
-            for t in cfg.tasks}
+    return {t.name: get_task(t.name, **cfg.task_options(t.name)).load(
+        limit=t.limit, subset=list(t.subset) if t.subset else None) for t in cfg.tasks}
 
 
 def encode_problem(engine: Any, problem: Problem) -> list[int]:
@@ -393,13 +392,12 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
         diff.append(f"coupling {old.get('coupling', 'common')!r} vs {new.get('coupling', 'common')!r}")
     if cfg.uses_draft and old.get("draft") != new.get("draft"):
         diff.append("draft")
-    old_tasks = {t["name"]: t.get("max_new_tokens") for t in old.get("tasks", [])}
+    old_tasks = {t["name"]: t for t in old.get("tasks", [])}
     for t in new["tasks"]:
-        if t["name"] in old_tasks and old_tasks[t["name"]] != t.get("max_new_tokens"):
+        prev = old_tasks.get(t["name"])
+        if prev is not None and prev.get("max_new_tokens") != t.get("max_new_tokens"):
             diff.append(f"max_new_tokens of {t['name']}")
-    old_options = {t["name"]: t.get("options") or {} for t in old.get("tasks", [])}
-    for t in new["tasks"]:
-        if t["name"] in old_options and old_options[t["name"]] != (t.get("options") or {}):
+        if prev is not None and (prev.get("options") or {}) != (t.get("options") or {}):
             diff.append(f"options of {t['name']}")
     if diff:
         raise ValueError(f"{run_dir} holds results of a sweep with different settings ({', '.join(diff)}); "
