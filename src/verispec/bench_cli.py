@@ -88,7 +88,7 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
 @click.option("--max-units", type=click.IntRange(min=0), default=None, help="Stop after K new units.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--shard", "shard_text", default=None, metavar="I/N",
-              help="Run every N-th unit starting at the I-th (0-based) into results-I-of-N.jsonl; start N of "
+              help="Run the I-th (0-based) of N even shares of the grid into results-I-of-N.jsonl; start N of "
                    "them (0/N .. N-1/N) on one RUN_DIR to split a sweep across processes or machines.")
 @click.option("--batch-size", default=None, type=click.IntRange(min=1),
               help="Units decoded at once as rows of one batch (default: 8, from docs/results/batching.md).")

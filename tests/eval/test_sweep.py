@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -339,8 +340,10 @@ def test_shards_split_the_grid_without_overlap(tmp_path):
     keys0 = [json.loads(x)["key"] for x in f0.read_text().splitlines()]
     keys1 = [json.loads(x)["key"] for x in f1.read_text().splitlines()]
     grid = [u.key for u in expand(load_config(cfg_path), {"toy": ["toy/0", "toy/1"]})]
-    # each shard holds exactly every 2nd unit (lines in completion order: batched rows finish out of order)
-    assert sorted(keys0) == sorted(grid[0::2]) and sorted(keys1) == sorted(grid[1::2])
+    # each shard holds exactly its share (lines in completion order: batched rows finish out of order)
+    units = expand(load_config(cfg_path), {"toy": ["toy/0", "toy/1"]})
+    assert sorted(keys0) == sorted(u.key for u in runner.shard_units(units, (0, 2)))
+    assert sorted(keys1) == sorted(u.key for u in runner.shard_units(units, (1, 2)))
     merged = read_results(run_dir)
     assert sorted(r["key"] for r in merged) == sorted(grid)
     # sharding does not change any output: a unit is a pure function of its config
@@ -352,6 +355,27 @@ def test_shards_split_the_grid_without_overlap(tmp_path):
     # a different split resumes too: nothing is run twice
     again = run_sweep(cfg_path, run_dir, progress=False, shard=(2, 3))
     assert again.completed == 0 and not (run_dir / "results-2-of-3.jsonl").exists()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_shards_split_added_methods_evenly(tmp_path, n):
+    """Methods added to a grid after it ran (4 toy methods + 2 = 6, a multiple of N): the shards still cover the
+    grid exactly once, and each added method's units (the only ones left to run) are split evenly over the N
+    shards. Dealing every N-th unit of the grid gave all of one method's units to one shard when N divides 6."""
+    base = load_config(_write_toy(tmp_path / "toy.toml", seeds=(0, 1, 2), limit=2))
+    assert len(base.methods) == 4
+    more = _cfg(methods=[{"rule": "lenience", "params": {"l": 0.3}}, {"rule": "cos-we", "params": {"lam": 0.5}}])
+    added = [m for m in more.methods if m not in base.methods]
+    assert len(added) == 2
+    cfg = dataclasses.replace(base, methods=base.methods + tuple(added))
+    units = expand(cfg, {"toy": ["toy/0", "toy/1", "toy/2", "toy/3"]})
+    shares = [runner.shard_units(units, (i, n)) for i in range(n)]
+    keys = [u.key for share in shares for u in share]
+    assert sorted(keys) == sorted(u.key for u in units) and len(set(keys)) == len(keys)
+    for m in added:
+        per_shard = [sum(u.method == m for u in share) for share in shares]
+        assert sum(per_shard) == 12 and max(per_shard) - min(per_shard) <= 1, (m.label, per_shard)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "0/0", "-1/2"])

@@ -5,7 +5,8 @@ next unit starts. On (re)start the runner reads the keys already in ``results.js
 partial line (a kill mid-write) off the file, and runs only the missing units; so killing a run and starting
 it again loses nothing that was complete and never writes a key twice. A lock file (``flock``) keeps two
 runners out of one directory. ``shard=(I, N)`` splits a sweep across N processes or machines sharing the
-directory: shard I runs every N-th unit and appends to ``results-I-of-N.jsonl``; :func:`read_results` merges
+directory: shard I runs its share of the units (:func:`shard_units`) and appends to ``results-I-of-N.jsonl``;
+:func:`read_results` merges
 all result files. A unit that raises is logged to ``errors.jsonl`` (not to the results) and
 retried on the next start.
 
@@ -54,6 +55,7 @@ __all__ = [
     "log_failure",
     "open_run",
     "parse_shard",
+    "shard_units",
     "read_results",
     "results_files",
     "run_sweep",
@@ -172,6 +174,25 @@ def results_files(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     files = [run_dir / RESULTS] if (run_dir / RESULTS).exists() else []
     return files + sorted(run_dir.glob(SHARD_RESULTS.format(i="*", n="*")))
+
+
+def shard_units(units: Sequence[WorkUnit], shard: tuple[int, int]) -> list[WorkUnit]:
+    """Shard I of N's share of the grid ``units`` (in grid order): the methods of each (seed, problem, task) block
+    are dealt round-robin over the N shards, starting at shard ``block index mod N``. Every block's methods and
+    every method's blocks are spread evenly, so a method added to a finished grid is split over the shards too
+    (dealing every N-th unit of the grid gave all of a new method's units to one shard whenever the number of
+    methods was a multiple of N). The split depends only on the grid, so concurrent shards never overlap."""
+    i, n = shard
+    out: list[WorkUnit] = []
+    block, pos, prev = -1, 0, None
+    for u in units:
+        here = (u.seed, u.problem_id, u.task)
+        if here != prev:
+            block, pos, prev = block + 1, 0, here
+        if (block + pos) % n == i:
+            out.append(u)
+        pos += 1
+    return out
 
 
 def shard_results_name(shard: tuple[int, int] | None) -> str:
@@ -456,7 +477,7 @@ def open_run(
         _write_atomic(run_dir / "run.json", json.dumps(
             {"grid": cfg.to_json(), "units": len(units), "started_at": _now()}, indent=1) + "\n")
         if shard is not None:
-            units = units[shard[0]::shard[1]]
+            units = shard_units(units, shard)
         summary.total = len(units)
         summary.repaired_bytes = _repair_tail(results_path)
         if summary.repaired_bytes:
@@ -496,7 +517,7 @@ def run_sweep(
 
     ``config``: a :class:`SweepConfig` or a TOML path (copied verbatim to ``out_dir/config.toml``).
     ``limit``/``tasks``/``seeds`` shrink the grid; ``max_units`` stops after that many new units.
-    ``shard=(I, N)`` runs every N-th unit of the grid starting at the I-th, appending to
+    ``shard=(I, N)`` runs shard I's share of the grid (:func:`shard_units`), appending to
     ``results-I-of-N.jsonl``: N processes (or machines sharing the directory) split one sweep. Units done by
     any earlier run, sharded or not, are skipped, so a sweep can switch between sharded and unsharded runs.
     ``batch_size``: units decoded at once as rows of one batch (continuous batching: a finished unit is graded
