@@ -339,9 +339,9 @@ def test_shards_split_the_grid_without_overlap(tmp_path):
     assert not (run_dir / RESULTS).exists()
     keys0 = [json.loads(x)["key"] for x in f0.read_text().splitlines()]
     keys1 = [json.loads(x)["key"] for x in f1.read_text().splitlines()]
-    grid = [u.key for u in expand(load_config(cfg_path), {"toy": ["toy/0", "toy/1"]})]
-    # each shard holds exactly its share (lines in completion order: batched rows finish out of order)
     units = expand(load_config(cfg_path), {"toy": ["toy/0", "toy/1"]})
+    grid = [u.key for u in units]
+    # each shard holds exactly its share (lines in completion order: batched rows finish out of order)
     assert sorted(keys0) == sorted(u.key for u in runner.shard_units(units, (0, 2)))
     assert sorted(keys1) == sorted(u.key for u in runner.shard_units(units, (1, 2)))
     merged = read_results(run_dir)

@@ -6,9 +6,8 @@ partial line (a kill mid-write) off the file, and runs only the missing units; s
 it again loses nothing that was complete and never writes a key twice. A lock file (``flock``) keeps two
 runners out of one directory. ``shard=(I, N)`` splits a sweep across N processes or machines sharing the
 directory: shard I runs its share of the units (:func:`shard_units`) and appends to ``results-I-of-N.jsonl``;
-:func:`read_results` merges
-all result files. A unit that raises is logged to ``errors.jsonl`` (not to the results) and
-retried on the next start.
+:func:`read_results` merges all result files. A unit that raises is logged to ``errors.jsonl`` (not to the
+results) and retried on the next start.
 
 Result line (schema 1)::
 
