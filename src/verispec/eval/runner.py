@@ -54,11 +54,11 @@ __all__ = [
     "log_failure",
     "open_run",
     "parse_shard",
-    "shard_units",
     "read_results",
     "results_files",
     "run_sweep",
     "run_unit",
+    "shard_units",
     "toy_engine",
 ]
 
