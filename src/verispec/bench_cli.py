@@ -51,6 +51,10 @@ _limit = click.option("--limit", type=click.IntRange(min=0), default=None,
                       help="At most N problems per task (overrides larger limits in the config).")
 _tasks = click.option("--tasks", "tasks_text", default=None, metavar="A,B", help="Only these tasks of the config.")
 _seeds_opt = click.option("--seeds", "seeds_text", default=None, metavar="0,1", help="Only these seeds.")
+_methods_opt = click.option("--method", "methods", multiple=True, metavar="LABEL",
+                            help="Only this setting of the config, by its label as `bench grid` prints it "
+                                 "(e.g. 'adaptive-interpolation(lam=0.2)'); repeat for several. With "
+                                 "pair_baselines, their matched baselines run too.")
 
 
 @bench.command(name="grid")
@@ -58,14 +62,17 @@ _seeds_opt = click.option("--seeds", "seeds_text", default=None, metavar="0,1", 
 @_limit
 @_tasks
 @_seeds_opt
+@_methods_opt
 @click.option("--list", "show", is_flag=True, help="Print every unit key.")
-def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text: str | None, show: bool) -> None:
+def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
+             methods: tuple[str, ...], show: bool) -> None:
     """Print the sweep's settings (baselines added) and the number of work units."""
     from .eval.runner import load_problems
     from .eval.sweep import expand, load_config
 
     try:
-        cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text))
+        cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
+                                             methods=methods)
         problems = load_problems(cfg)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
@@ -85,6 +92,7 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
 @_limit
 @_tasks
 @_seeds_opt
+@_methods_opt
 @click.option("--max-units", type=click.IntRange(min=0), default=None, help="Stop after K new units.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--shard", "shard_text", default=None, metavar="I/N",
@@ -106,8 +114,8 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
 @click.option("--ray-max-retries", type=click.IntRange(min=0), default=None,
               help="How often a unit whose Ray worker died is run again before it counts as failed [default: 2].")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
-            max_units: int | None, no_progress: bool, shard_text: str | None, batch_size: int | None,
-            ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
+            methods: tuple[str, ...], max_units: int | None, no_progress: bool, shard_text: str | None,
+            batch_size: int | None, ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
             ray_gpus_per_worker: float | None, ray_max_retries: int | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
     from .eval.runner import DEFAULT_BATCH_SIZE, parse_shard, run_sweep, shard_results_name
@@ -129,11 +137,12 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
 
             opts = RayOptions(address=parse_ray_address(ray_address), **ray_opts)
             s = run_sweep_ray(config, out_dir, options=opts, limit=limit, tasks=_csv(tasks_text),
-                              seeds=_seeds(seeds_text), progress=not no_progress, max_units=max_units, log=say)
+                              seeds=_seeds(seeds_text), progress=not no_progress, max_units=max_units, log=say,
+                              methods=methods)
         else:
             s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
                           progress=not no_progress, max_units=max_units, log=say, shard=shard,
-                          batch_size=batch_size or DEFAULT_BATCH_SIZE)
+                          batch_size=batch_size or DEFAULT_BATCH_SIZE, methods=methods)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise _fail(exc) from None
     name = shard_results_name(shard if shard and shard[1] > 1 else None)

@@ -108,6 +108,30 @@ def test_report_tables_plots_and_diffs(run_dir):
     assert "First difference at character" in files["diffs"].read_text()
 
 
+def test_tables_of_means_use_units_every_setting_completed(run_dir, tmp_path):
+    """A run extended for one setting only (here: the others lack toy problem 2 at seed 1): Table 2/4 average the
+    same problems for every row, the per-setting table over all units is written next to them, Table 7 pairs
+    every completed unit."""
+    uneven = tmp_path / "uneven"
+    uneven.mkdir()
+    recs = [r for r in read_results(run_dir)
+            if not (r["task"] == "toy" and r["problem_id"] == "toy/2" and r["seed"] == 1 and r["label"] != "lossless")]
+    (uneven / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    files = write_report(uneven, n_boot=100)
+    st, st_all = pd.read_csv(files["settings"]), pd.read_csv(files["settings_all"])
+    toy, toy_all = st[st.task == "toy"], st_all[st_all.task == "toy"]
+    assert (toy.n_units == 5).all() and set(toy_all.n_units) == {5, 6}
+    df = load_frame(uneven)
+    sub = df[(df.task == "toy") & (df.label == "lossless") & ~((df.problem_id == "toy/2") & (df.seed == 1))]
+    row = toy[toy.label == "lossless"].iloc[0]
+    assert row.acc == pytest.approx(sub.groupby("seed").passed.mean().mean() * 100)
+    assert "Settings cover different" in files["report"].read_text()
+    dt = pd.read_csv(files["delta"])
+    assert (dt.n_pairs[(dt.task == "toy") & ~dt.setting.str.contains("all settings")] == 5).all()
+    # a balanced run reports no such thing
+    assert "settings_all" not in write_report(run_dir, out_dir=tmp_path / "even", n_boot=100)
+
+
 def test_cli_report_and_errors(run_dir, tmp_path):
     res = CliRunner().invoke(bench, ["report", str(run_dir), "--out", str(tmp_path / "rep")])
     assert res.exit_code == 0, res.output
@@ -120,6 +144,17 @@ def test_cli_report_and_errors(run_dir, tmp_path):
     assert res.exit_code == 1 and "no results" in res.output
     res = CliRunner().invoke(bench, ["grid", str(run_dir / "config.json")])
     assert res.exit_code == 1  # not TOML
+    # --method picks settings by label (their matched baselines come along); an unknown label names the choices
+    toml = tmp_path / "grid.toml"
+    toml.write_text('[models]\ntarget = "toy"\n[[tasks]]\nname = "toy"\nlimit = 2\n[[methods]]\nrule = "lenience"\n'
+                    'params = { l = 0.5 }\n[[methods]]\nrule = "spec-cascade"\nparams = { p_base = [0.3, 0.5] }\n')
+    res = CliRunner().invoke(bench, ["grid", str(toml), "--method", "spec-cascade(p_base=0.5)"])
+    assert res.exit_code == 0, res.output
+    assert "settings: minp-sampling(p_base=0.5), spec-cascade(p_base=0.5)\n" in res.output
+    assert "= 3 seeds x 2 settings" in res.output
+    res = CliRunner().invoke(bench, ["grid", str(toml), "--method", "lenience(l=0.123)"])
+    assert res.exit_code == 1 and "'lenience(l=0.123)' not in the config" in res.output
+    assert "lenience(l=0.5)" in res.output
 
 
 def test_paired_delta_and_first_difference():

@@ -96,6 +96,18 @@ def test_no_pairing_presets_and_lossless_not_duplicated():
     assert {u.task: u.settings["max_new_tokens"] for u in units} == {"toy": 7, "toy2": 20}
 
 
+def test_restricted_to_settings_keeps_their_baselines_and_grid_order():
+    cfg = _cfg()
+    one = cfg.restricted(methods=["lenience(l=0.5)", "spec-cascade(p_base=0.5)"])
+    assert [m.label for m in one.methods] == ["minp-sampling(p_base=0.5)", "spec-cascade(p_base=0.5)", "lossless",
+                                              "lenience(l=0.5)"]
+    unpaired = _cfg(pair_baselines=False).restricted(methods=["lenience(l=0.5)"])
+    assert [m.label for m in unpaired.methods] == ["lenience(l=0.5)"]
+    assert cfg.restricted(methods=[]).methods == cfg.methods
+    with pytest.raises(ValueError, match="'lenience\\(l=0.4\\)' not in the config"):
+        cfg.restricted(methods=["lenience(l=0.4)"])
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"methods": [{"rule": "nope"}]}, "unknown rule"),
     ({"methods": [{"rule": "spec-cascade", "params": {"p_base": 2.0}}]}, "p_base"),
@@ -245,6 +257,15 @@ def test_resume_guards(tmp_path):
     assert (s.skipped, s.completed) == (1, 3)
     with pytest.raises(ValueError, match="not in the config"):
         run_sweep(cfg_path, run_dir, progress=False, tasks=["gsm"])
+    # --method runs some settings of a grid over more problems; the full grid later runs only the rest
+    big = tmp_path / "big.toml"
+    big.write_text(cfg_path.read_text().replace("limit = 1", "limit = 2"))
+    s = run_sweep(big, run_dir, progress=False, methods=["lenience(l=0.5)"])
+    assert (s.skipped, s.completed) == (2, 2)  # lenience and lossless, on problems 0 (done) and 1
+    assert {r["label"] for r in read_results(run_dir) if r["problem_id"] == "toy/1"} == {"lenience(l=0.5)",
+                                                                                      "lossless"}
+    s = run_sweep(big, run_dir, progress=False)
+    assert (s.skipped, s.completed) == (6, 2)
 
 
 def test_failed_unit_is_logged_and_retried(tmp_path):

@@ -352,6 +352,7 @@ def run_sweep_ray(
     progress: bool = True,
     max_units: int | None = None,
     log: Callable[[str], None] | None = None,
+    methods: Sequence[str] | None = None,
 ) -> RaySummary:
     """Run (or resume) a sweep into ``out_dir`` on Ray; arguments as :func:`~verispec.eval.runner.run_sweep`
     (no ``shard``: Ray spreads the units), plus ``options`` (:class:`RayOptions`). ``engine_factory`` must be
@@ -363,7 +364,8 @@ def run_sweep_ray(
     ray = _import_ray()
     start = time.perf_counter()
     say = log or (lambda s: None)
-    with open_run(config, out_dir, limit=limit, tasks=tasks, seeds=seeds, max_units=max_units, log=say) as plan:
+    with open_run(config, out_dir, limit=limit, tasks=tasks, seeds=seeds, max_units=max_units, log=say,
+                  methods=methods) as plan:
         summary = RaySummary(**vars(plan.summary), address=opts.address)
         if plan.todo:
             with _connected(ray, opts.address, say):

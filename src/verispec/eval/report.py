@@ -6,7 +6,10 @@
   from ``per_round`` for result files that predate ``emitted_accepted``, see :mod:`verispec.eval.metrics`),
   DS = sum new tokens / sum wall seconds, accuracy = % of problems passed; ``accepted_fraction`` = accepted /
   drafted (``acceptance_rate`` in older files) is carried in the per-seed CSV. The std is the sample
-  std (ddof 1) over seeds, blank with one seed.
+  std (ddof 1) over seeds, blank with one seed. When the settings of a task cover different (problem, seed)
+  units (a run extended for some settings only), this table, ``table_methods`` and the plots use only the units
+  every setting of the task completed (:func:`balanced`), so each row averages the same problems;
+  ``table_settings_all`` then gives every setting over all of its units.
 * ``table_methods`` (Table 2): the same, averaged over each method's parameter settings.
 * ``table_delta`` (Table 7): Delta BE and Delta accuracy (percentage points) of each lossy setting minus its
   matched baseline, on the units both completed, paired by (task, problem, seed). 95% confidence interval by
@@ -37,8 +40,8 @@ import pandas as pd
 from .metrics import record_accepted_fraction, record_emitted_accepted
 from .runner import read_results
 
-__all__ = ["compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs", "paired_delta",
-           "per_seed", "per_setting", "shared_prefix", "write_report"]
+__all__ = ["balanced", "compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs",
+           "paired_delta", "per_seed", "per_setting", "shared_prefix", "write_report"]
 
 N_BOOT = 2000
 BOOT_SEED = 0
@@ -82,6 +85,16 @@ def _setting_order(df: pd.DataFrame, run_dir: Path | None) -> list[str]:
             seen.add(lab)
     present = set(df["label"])
     return [lab for lab in order if lab in present]
+
+
+def balanced(df: pd.DataFrame) -> pd.DataFrame:
+    """The units of the (task, problem, seed) triples that every setting of their task completed: the rows of
+    a table of means then average the same problems (a run may have been extended for some settings only).
+    Falls back to every unit when no triple has all settings."""
+    keys = ["task", "problem_id", "seed"]
+    n_settings = df.groupby("task")["label"].transform("nunique")
+    complete = df.groupby(keys)["label"].transform("nunique") == n_settings
+    return df[complete] if complete.any() else df
 
 
 def per_seed(df: pd.DataFrame) -> pd.DataFrame:
@@ -334,8 +347,9 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _settings_md(st: pd.DataFrame, tasks: list[str], order: list[str]) -> str:
-    header = ["Method", "Param"] + [f"{t} {m}" for t in tasks for m in ("BE", "DS", "Acc (%)")]
+def _settings_md(st: pd.DataFrame, tasks: list[str], order: list[str], problems: bool = False) -> str:
+    cols = ("BE", "DS", "Acc (%)") + (("problems",) if problems else ())
+    header = ["Method", "Param"] + [f"{t} {m}" for t in tasks for m in cols]
     rows = []
     for lab in order:
         sub = st[st["label"] == lab]
@@ -346,10 +360,11 @@ def _settings_md(st: pd.DataFrame, tasks: list[str], order: list[str]) -> str:
         for t in tasks:
             r = sub[sub["task"] == t]
             if r.empty:
-                row += ["-", "-", "-"]
+                row += ["-"] * len(cols)
                 continue
             r = r.iloc[0]
             row += [_pm(r["be"], r["be_std"], 2), _pm(r["ds"], r["ds_std"], 2), _pm(r["acc"], r["acc_std"], 1)]
+            row += [str(int(r["n_problems"]))] if problems else []
         rows.append(row)
     return md_table(header, rows)
 
@@ -594,7 +609,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
     order = _setting_order(df, run_dir)
     tasks = list(dict.fromkeys(df["task"]))
     seeds = per_seed(df)
-    st = per_setting(seeds)
+    bal = balanced(df)
+    uneven = len(bal) < len(df)
+    st_all = per_setting(seeds)
+    st = per_setting(per_seed(bal)) if uneven else st_all  # the tables of means and plots: like with like
     mt = method_table(st)
     dt = delta_table(df, order, n_boot=n_boot)
     dd = diff_table(df, order)
@@ -611,6 +629,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
     }
     seeds.to_csv(files["per_seed"], index=False)
     st.assign(param=st["params"].map(_param_text)).to_csv(files["settings"], index=False)
+    if uneven:
+        files["settings_all"] = out / "table_settings_all.csv"
+        st_all.assign(param=st_all["params"].map(_param_text)).to_csv(files["settings_all"], index=False)
     mt.to_csv(files["methods"], index=False)
     dt.to_csv(files["delta"], index=False)
     dd.to_csv(files["diffs_csv"], index=False)
@@ -649,6 +670,18 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
         "tokens / sum seconds, grading excluded). Acc = % of problems passed (pass@1 for code). Mean ± sample "
         "std over seeds (no ± with one seed).",
         "",
+    ]
+    if uneven:
+        common = bal.groupby("task")["problem_id"].nunique()
+        lines += [
+            "Settings cover different (problem, seed) units here (the run was extended for some settings only): the "
+            "two tables of means and the plots use the units every setting of a task completed ("
+            + ", ".join(f"{t}: {common[t]} problems" for t in tasks) + "), so their rows average the same "
+            "problems; the per-setting table over every completed unit follows them, and the paired deltas use "
+            "every pair.",
+            "",
+        ]
+    lines += [
         "## Per method, averaged over its settings (like Table 2)",
         "",
         _methods_md(mt, tasks, rule_order),
@@ -657,6 +690,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
         "",
         _settings_md(st, tasks, order),
         "",
+    ]
+    if uneven:
+        lines += ["Over every completed unit (`table_settings_all.csv`):", "",
+                  _settings_md(st_all, tasks, order, problems=True), ""]
+    lines += [
         "## Lossy vs matched baseline (like Table 7)",
         "",
         "Δ = lossy − matched baseline on the (problem, seed) pairs both completed. 95% CI: paired cluster "

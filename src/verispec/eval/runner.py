@@ -428,7 +428,7 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
 class RunPlan:
     """What one invocation of a sweep runs, as :func:`open_run` found it while holding the run's lock."""
 
-    cfg: SweepConfig  # the grid restricted by limit / tasks / seeds
+    cfg: SweepConfig  # the grid restricted by limit / tasks / seeds / methods
     problems: dict[str, list[Problem]]
     todo: list[WorkUnit]  # units not done by any earlier run, in grid order (shard and max_units applied)
     results_path: Path  # the one file this invocation appends to
@@ -446,6 +446,7 @@ def open_run(
     max_units: int | None = None,
     log: Callable[[str], None] | None = None,
     shard: tuple[int, int] | None = None,
+    methods: Sequence[str] | None = None,
 ) -> Iterator[RunPlan]:
     """Lock ``out_dir``, check and record the sweep's settings, repair a torn last line and find the pending
     units; yield them as a :class:`RunPlan` and hold the lock until the block ends. Arguments as
@@ -462,7 +463,7 @@ def open_run(
     if not isinstance(config, SweepConfig):
         src_path = Path(config)
         config = load_config(src_path)
-    cfg = config.restricted(limit=limit, tasks=tasks, seeds=seeds)
+    cfg = config.restricted(limit=limit, tasks=tasks, seeds=seeds, methods=methods)
     say = log or (lambda s: None)
     summary = RunSummary(run_dir)
     with _locked(run_dir, shard):
@@ -511,12 +512,13 @@ def run_sweep(
     log: Callable[[str], None] | None = None,
     shard: tuple[int, int] | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    methods: Sequence[str] | None = None,
 ) -> RunSummary:
     """Run (or resume) a sweep into ``out_dir``; see the module docstring for the guarantees.
 
     ``config``: a :class:`SweepConfig` or a TOML path (copied verbatim to ``out_dir/config.toml``).
-    ``limit``/``tasks``/``seeds`` shrink the grid; ``max_units`` stops after that many new units.
-    ``shard=(I, N)`` runs shard I's share of the grid (:func:`shard_units`), appending to
+    ``limit``/``tasks``/``seeds``/``methods`` (setting labels) shrink the grid; ``max_units`` stops after that
+    many new units. ``shard=(I, N)`` runs shard I's share of the grid (:func:`shard_units`), appending to
     ``results-I-of-N.jsonl``: N processes (or machines sharing the directory) split one sweep. Units done by
     any earlier run, sharded or not, are skipped, so a sweep can switch between sharded and unsharded runs.
     ``batch_size``: units decoded at once as rows of one batch (continuous batching: a finished unit is graded
@@ -527,7 +529,7 @@ def run_sweep(
     start = time.perf_counter()
     say = log or (lambda s: None)
     with open_run(config, out_dir, limit=limit, tasks=tasks, seeds=seeds, max_units=max_units, log=say,
-                  shard=shard) as plan:
+                  shard=shard, methods=methods) as plan:
         cfg, todo, summary, run_dir = plan.cfg, plan.todo, plan.summary, plan.summary.run_dir
         if not todo:
             summary.seconds = time.perf_counter() - start

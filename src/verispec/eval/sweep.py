@@ -377,8 +377,9 @@ class SweepConfig:
         )
 
     def restricted(self, limit: int | None = None, tasks: Sequence[str] | None = None,
-                   seeds: Sequence[int] | None = None) -> SweepConfig:
-        """The same sweep with ``limit`` problems per task at most, only ``tasks``, only ``seeds``."""
+                   seeds: Sequence[int] | None = None, methods: Sequence[str] | None = None) -> SweepConfig:
+        """The same sweep with ``limit`` problems per task at most, only ``tasks``, only ``seeds``, only the
+        settings labelled ``methods`` (with ``pair_baselines``, their matched baselines too)."""
         specs = list(self.tasks)
         if tasks:
             unknown = set(tasks) - {t.name for t in specs}
@@ -389,7 +390,18 @@ class SweepConfig:
         if limit is not None:
             specs = [replace(t, limit=limit if t.limit is None else min(t.limit, limit)) for t in specs]
         new_seeds = self.seeds if seeds is None else tuple(int(s) for s in seeds)
-        return _replace(self, tasks=tuple(specs), seeds=new_seeds)
+        settings = self.methods
+        if methods:
+            labels = {m.label: m for m in self.methods}
+            unknown = [lab for lab in methods if lab not in labels]
+            if unknown:
+                raise ValueError(f"setting(s) {', '.join(map(repr, unknown))} not in the config; its settings: "
+                                 f"{', '.join(labels)}")
+            keep = {labels[lab] for lab in methods}
+            if self.pair_baselines:
+                keep |= {labels[lab].baseline() for lab in methods}
+            settings = tuple(m for m in self.methods if m in keep)  # grid order kept
+        return _replace(self, tasks=tuple(specs), seeds=new_seeds, methods=settings)
 
 
 def _replace(cfg: SweepConfig, **changes: object) -> SweepConfig:
