@@ -182,6 +182,20 @@ def _split_pair(text: str) -> tuple[str, str]:
     raise click.BadParameter(f"--pair must be LOSSY=BASELINE (setting labels), got {text!r}")
 
 
+def _problem_range(text: str) -> tuple[int | None, int | None]:
+    """'A:B' -> (A, B) with either end optional; A < B when both are given."""
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        start, stop = (int(lo) if lo.strip() else None), (int(hi) if hi.strip() else None)
+    except ValueError:
+        raise click.BadParameter(f"--problems must be A:B (integers, either may be left out), got {text!r}") from None
+    if start is not None and stop is not None and start >= stop:
+        raise click.BadParameter(f"--problems A:B needs A < B, got {text!r}")
+    return start, stop
+
+
 @bench.command(name="compare")
 @click.argument("run_a", type=click.Path(exists=True, file_okay=False))
 @click.argument("run_b", required=False, type=click.Path(exists=True, file_okay=False))
@@ -190,7 +204,11 @@ def _split_pair(text: str) -> tuple[str, str]:
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the Markdown table here and the numbers next to it (.csv).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
-def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path: str | None, n_boot: int) -> None:
+@click.option("--problems", "problems_text", default=None, metavar="A:B",
+              help="Only the problems numbered A to B-1 (the number ending the id: HumanEval/64 is 64; either end "
+                   "may be left out), e.g. those a run was extended to, as a held-out replication.")
+def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path: str | None, n_boot: int,
+                problems_text: str | None) -> None:
     """Gap (lossy - matched baseline) in RUN_A vs in RUN_B on the problems and seeds both ran, e.g. tree vs chain
     drafting (Table 7's amplification), with paired cluster-bootstrap intervals. Without RUN_B: the paired gaps
     of the --pair settings within RUN_A (any two settings, e.g. cos-we(lam=0.2)=cos-we(lam=0.8))."""
@@ -199,8 +217,9 @@ def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path:
     from .eval.report import compare_runs
 
     parsed = [_split_pair(text) for text in pairs]
+    problems = _problem_range(problems_text) if problems_text is not None else None
     try:
-        table, md = compare_runs(run_a, run_b, parsed or None, n_boot=n_boot)
+        table, md = compare_runs(run_a, run_b, parsed or None, n_boot=n_boot, problems=problems)
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
     click.echo(md, nl=False)

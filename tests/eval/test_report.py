@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from verispec.bench_cli import bench
 from verispec.eval import runner
-from verispec.eval.report import first_difference, load_frame, paired_delta, write_report
+from verispec.eval.report import first_difference, load_frame, paired_delta, select_problems, write_report
 from verispec.eval.runner import read_results, run_sweep
 from verispec.eval.sweep import parse_config
 
@@ -242,6 +242,22 @@ def test_compare_cli(run_dir, tmp_path):
     dt = delta_table(load_frame(run_dir), ["cos-we(lam=0.3)"], n_boot=50)
     d = dt[dt.task == "all"].iloc[0]  # the report's own gap, both tasks pooled
     assert row.split("|")[4].split()[0] == f"{d.d_be:+.3f}" and row.split("|")[5].split()[0] == f"{d.d_acc:+.1f}"
+    # --problems A:B: only the problems numbered A..B-1 (toy/1, toy/2, toy2/1 here: 3 problems x 2 seeds)
+    part = CliRunner().invoke(bench, ["compare", str(run_dir), "--pair", "cos-we(lam=0.3)=lossless", "--n-boot", "50",
+                                      "--problems", "1:"])
+    assert part.exit_code == 0, part.output
+    row = next(line for line in part.output.splitlines() if line.startswith("| cos-we(lam=0.3) | lossless |"))
+    df = load_frame(run_dir)
+    sub = df[df.problem_id.isin(["toy/1", "toy/2", "toy2/1"])]
+    d = delta_table(sub, ["cos-we(lam=0.3)"], n_boot=50)
+    d = d[d.task == "all"].iloc[0]
+    assert row.split("|")[3].strip() == "6 (3)" and row.split("|")[4].split()[0] == f"{d.d_be:+.3f}"
+    for bad in ("2:1", "a:b", "3"):
+        res = CliRunner().invoke(bench, ["compare", str(run_dir), "--pair", "cos-we(lam=0.3)=lossless",
+                                         "--problems", bad])
+        assert res.exit_code != 0 and "--problems" in res.output, bad
+    with pytest.raises(ValueError, match="does not end in a number"):
+        select_problems(pd.DataFrame({"problem_id": ["toy/1", "simple_x"]}), 0, 1)
     res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "nonsense"])
     assert res.exit_code != 0 and "LOSSY=BASELINE" in res.output
     res = CliRunner().invoke(bench, ["compare", str(run_dir), str(run_dir), "--pair", "a=b"])

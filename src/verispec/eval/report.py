@@ -41,7 +41,8 @@ from .metrics import record_accepted_fraction, record_emitted_accepted
 from .runner import read_results
 
 __all__ = ["balanced", "compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs",
-           "paired_delta", "per_seed", "per_setting", "shared_prefix", "write_report"]
+           "paired_delta", "per_seed", "per_setting", "problem_numbers", "select_problems", "shared_prefix",
+           "write_report"]
 
 N_BOOT = 2000
 BOOT_SEED = 0
@@ -560,14 +561,35 @@ def matched_pairs(df: pd.DataFrame) -> list[tuple[str, str]]:
             if not r.lossless and r.baseline != r.label and r.baseline in labels]
 
 
+def problem_numbers(df: pd.DataFrame) -> pd.Series:
+    """Each row's problem number: the integer after the last ``/`` of its id (``HumanEval/64`` is 64)."""
+    tail = df["problem_id"].astype(str).str.rsplit("/", n=1).str[-1]
+    bad = ~tail.str.fullmatch(r"\d+")
+    if bad.any():
+        raise ValueError(f"problem id {df['problem_id'][bad].iloc[0]!r} does not end in a number")
+    return tail.astype(int)
+
+
+def select_problems(df: pd.DataFrame, start: int | None = None, stop: int | None = None) -> pd.DataFrame:
+    """The rows whose problem number (:func:`problem_numbers`) is in ``[start, stop)``; an open end is None."""
+    n = problem_numbers(df)
+    keep = (n >= (start if start is not None else n.min())) & (n < (stop if stop is not None else n.max() + 1))
+    return df[keep]
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path | None = None,
-                 pairs: Sequence[tuple[str, str]] | None = None, n_boot: int = N_BOOT) -> tuple[pd.DataFrame, str]:
+                 pairs: Sequence[tuple[str, str]] | None = None, n_boot: int = N_BOOT,
+                 problems: tuple[int | None, int | None] | None = None) -> tuple[pd.DataFrame, str]:
     """Gap of each (lossy, baseline) pair in run A vs in run B on their shared (task, problem, seed) keys
     (:func:`gap_difference`); ``pairs`` default: the matched pairs of run A that run B also holds. Without run B,
-    the paired gaps of ``pairs`` within run A (any two settings, e.g. two CoS parameters). Returns the table and
-    its Markdown."""
+    the paired gaps of ``pairs`` within run A (any two settings, e.g. two CoS parameters). ``problems=(start,
+    stop)``: only the problems numbered in ``[start, stop)`` (:func:`select_problems`), e.g. the problems a run
+    was extended to, as a held-out replication of what its first problems showed. Returns the table and its
+    Markdown."""
     df_a = load_frame(run_a)
     df_b = df_a if run_b is None else load_frame(run_b)
+    if problems is not None:
+        df_a, df_b = select_problems(df_a, *problems), select_problems(df_b, *problems)
     if pairs is None:
         have_b = set(df_b["label"])
         pairs = [(lossy, base) for lossy, base in matched_pairs(df_a) if lossy in have_b and base in have_b]
@@ -575,6 +597,10 @@ def compare_runs(run_a: str | Path, run_b: str | Path | None = None,
         raise ValueError(f"{run_a} and {run_b} share no (lossy setting, matched baseline) pair")
     table = pd.DataFrame([gap_difference(df_a, df_b, lossy, base, n_boot=n_boot) for lossy, base in pairs])
     boot = f"95% cluster-bootstrap intervals ({n_boot} resamples over problems"
+    if problems is not None:
+        lo, hi = problems
+        boot += (f"; only problems numbered {'' if lo is None else lo}..{'' if hi is None else hi - 1}, by the "
+                 "number ending their id")
     if run_b is None:
         table = table[[c for c in table.columns if not c.startswith(("b_", "diff_"))]]
         rows = [[r.lossy, r.baseline, f"{r.n_pairs} ({r.n_problems})", _ci(r.a_d_be, r.a_d_be_lo, r.a_d_be_hi, 3),
