@@ -104,6 +104,10 @@ def test_restricted_to_settings_keeps_their_baselines_and_grid_order():
     unpaired = _cfg(pair_baselines=False).restricted(methods=["lenience(l=0.5)"])
     assert [m.label for m in unpaired.methods] == ["lenience(l=0.5)"]
     assert cfg.restricted(methods=[]).methods == cfg.methods
+    # the baseline as the sweep runs it (here with the draft truncated too), not the rule's bare baseline
+    same = _cfg(baseline_draft_truncation="same").restricted(methods=["spec-cascade(p_base=0.3)"])
+    assert [m.label for m in same.methods] == ["minp-sampling(p_base=0.3, draft_truncation=same)",
+                                               "spec-cascade(p_base=0.3)"]
     with pytest.raises(ValueError, match="'lenience\\(l=0.4\\)' not in the config"):
         cfg.restricted(methods=["lenience(l=0.4)"])
 

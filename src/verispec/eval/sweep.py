@@ -399,7 +399,7 @@ class SweepConfig:
                                  f"{', '.join(labels)}")
             keep = {labels[lab] for lab in methods}
             if self.pair_baselines:
-                keep |= {labels[lab].baseline() for lab in methods}
+                keep |= {self.baseline_of(labels[lab]) for lab in methods}
             settings = tuple(m for m in self.methods if m in keep)  # grid order kept
         return _replace(self, tasks=tuple(specs), seeds=new_seeds, methods=settings)
 
