@@ -573,7 +573,11 @@ def problem_numbers(df: pd.DataFrame) -> pd.Series:
 def select_problems(df: pd.DataFrame, start: int | None = None, stop: int | None = None) -> pd.DataFrame:
     """The rows whose problem number (:func:`problem_numbers`) is in ``[start, stop)``; an open end is None."""
     n = problem_numbers(df)
-    keep = (n >= (start if start is not None else n.min())) & (n < (stop if stop is not None else n.max() + 1))
+    keep = pd.Series(True, index=df.index)
+    if start is not None:
+        keep &= n >= start
+    if stop is not None:
+        keep &= n < stop
     return df[keep]
 
 
