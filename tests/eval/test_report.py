@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from verispec.bench_cli import bench
 from verispec.eval import runner
-from verispec.eval.report import first_difference, load_frame, paired_delta, select_problems, write_report
+from verispec.eval.report import balanced, first_difference, load_frame, paired_delta, select_problems, write_report
 from verispec.eval.runner import read_results, run_sweep
 from verispec.eval.sweep import parse_config
 
@@ -108,10 +108,11 @@ def test_report_tables_plots_and_diffs(run_dir):
     assert "First difference at character" in files["diffs"].read_text()
 
 
-def test_tables_of_means_use_units_every_setting_completed(run_dir, tmp_path):
+def test_tables_of_means_use_problems_every_setting_and_seed_completed(run_dir, tmp_path):
     """A run extended for one setting only (here: the others lack toy problem 2 at seed 1): Table 2/4 average the
-    same problems for every row, the per-setting table over all units is written next to them, Table 7 pairs
-    every completed unit."""
+    same problems for every row and every seed (toy/2 leaves seed 0 too, else seed 0 would average 3 problems and
+    seed 1 two), the per-setting table over all units is written next to them, Table 7 pairs every completed
+    unit."""
     uneven = tmp_path / "uneven"
     uneven.mkdir()
     recs = [r for r in read_results(run_dir)
@@ -120,16 +121,39 @@ def test_tables_of_means_use_units_every_setting_completed(run_dir, tmp_path):
     files = write_report(uneven, n_boot=100)
     st, st_all = pd.read_csv(files["settings"]), pd.read_csv(files["settings_all"])
     toy, toy_all = st[st.task == "toy"], st_all[st_all.task == "toy"]
-    assert (toy.n_units == 5).all() and set(toy_all.n_units) == {5, 6}
+    assert (toy.n_units == 4).all() and (toy.n_problems == 2).all() and set(toy_all.n_units) == {5, 6}
     df = load_frame(uneven)
-    sub = df[(df.task == "toy") & (df.label == "lossless") & ~((df.problem_id == "toy/2") & (df.seed == 1))]
+    sub = df[(df.task == "toy") & (df.label == "lossless") & (df.problem_id != "toy/2")]
     row = toy[toy.label == "lossless"].iloc[0]
     assert row.acc == pytest.approx(sub.groupby("seed").passed.mean().mean() * 100)
-    assert "Settings cover different" in files["report"].read_text()
+    be = sub.groupby("seed").apply(lambda g: g.accepted.sum() / g.rounds.sum(), include_groups=False)
+    assert row.be == pytest.approx(be.mean()) and row.be_std == pytest.approx(be.std())
+    md = files["report"].read_text()
+    assert "Settings cover different" in md and "toy: 2 problems in each of 2 seeds" in md
+    assert (st[st.task == "toy2"].n_units == st_all[st_all.task == "toy2"].n_units).all()  # toy2 untouched
     dt = pd.read_csv(files["delta"])
     assert (dt.n_pairs[(dt.task == "toy") & ~dt.setting.str.contains("all settings")] == 5).all()
     # a balanced run reports no such thing
     assert "settings_all" not in write_report(run_dir, out_dir=tmp_path / "even", n_boot=100)
+
+
+def test_balanced_falls_back_to_triples_then_to_all_units(run_dir):
+    """No problem has every (setting, seed): the (problem, seed) triples every setting completed; none of those
+    either: every unit."""
+    df = load_frame(run_dir)
+    df = df[df.task == "toy"]
+    # seed 0 keeps problems 0 and 1, seed 1 keeps problem 2: no problem in both seeds
+    split = df[((df.seed == 0) & (df.problem_id != "toy/2")) | ((df.seed == 1) & (df.problem_id == "toy/2"))]
+    # ... and one setting lacks problem 1 at seed 0
+    lack = split[~((split.label == "lenience(l=0.5)") & (split.problem_id == "toy/1"))]
+    got = balanced(lack)
+    assert set(zip(got.problem_id, got.seed, strict=True)) == {("toy/0", 0), ("toy/2", 1)}
+    assert len(got) == 2 * df.label.nunique()
+    # every setting's units disjoint from the others': nothing is complete, every unit is kept
+    labels = sorted(df.label.unique())
+    disjoint = df[[lab == labels[(int(pid[-1]) + 3 * s) % len(labels)]
+                   for lab, pid, s in zip(df.label, df.problem_id, df.seed, strict=True)]]
+    assert len(balanced(disjoint)) == len(disjoint) > 0
 
 
 def test_cli_report_and_errors(run_dir, tmp_path):

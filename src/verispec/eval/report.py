@@ -7,8 +7,9 @@
   DS = sum new tokens / sum wall seconds, accuracy = % of problems passed; ``accepted_fraction`` = accepted /
   drafted (``acceptance_rate`` in older files) is carried in the per-seed CSV. The std is the sample
   std (ddof 1) over seeds, blank with one seed. When the settings of a task cover different (problem, seed)
-  units (a run extended for some settings only), this table, ``table_methods`` and the plots use only the units
-  every setting of the task completed (:func:`balanced`), so each row averages the same problems;
+  units (a run extended for some settings or seeds only), this table, ``table_methods`` and the plots use only
+  the problems every setting and seed of the task completed (:func:`balanced`), so each row and each seed
+  averages the same problems;
   ``table_settings_all`` then gives every setting over all of its units.
 * ``table_methods`` (Table 2): the same, averaged over each method's parameter settings.
 * ``table_delta`` (Table 7): Delta BE and Delta accuracy (percentage points) of each lossy setting minus its
@@ -89,12 +90,20 @@ def _setting_order(df: pd.DataFrame, run_dir: Path | None) -> list[str]:
 
 
 def balanced(df: pd.DataFrame) -> pd.DataFrame:
-    """The units of the (task, problem, seed) triples that every setting of their task completed: the rows of
-    a table of means then average the same problems (a run may have been extended for some settings only).
-    Falls back to every unit when no triple has all settings."""
-    keys = ["task", "problem_id", "seed"]
+    """The units that make a table of means average the same problems in every row and every seed.
+
+    First choice: the (task, problem) pairs that every (setting, seed) of their task completed, so that a mean
+    +- std over seeds compares seeds on one problem set (a run extended for some seeds or settings only would
+    otherwise average seed 0 over more problems than seeds 1-2). When no problem has every (setting, seed),
+    the (task, problem, seed) triples that every setting completed; when none has that either, every unit."""
+    # how many (setting, seed) cells a complete problem of each task has
+    cell = df["label"].astype(str) + "\x00" + df["seed"].astype(str)
+    n_cells = cell.groupby(df["task"]).transform("nunique")
+    complete = cell.groupby([df["task"], df["problem_id"]]).transform("nunique") == n_cells
+    if complete.any():
+        return df[complete]
     n_settings = df.groupby("task")["label"].transform("nunique")
-    complete = df.groupby(keys)["label"].transform("nunique") == n_settings
+    complete = df.groupby(["task", "problem_id", "seed"])["label"].transform("nunique") == n_settings
     return df[complete] if complete.any() else df
 
 
@@ -702,13 +711,20 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
         "",
     ]
     if uneven:
-        common = bal.groupby("task")["problem_id"].nunique()
+        per_seed_n = bal.groupby(["task", "seed"])["problem_id"].nunique()
+
+        def _common(t: str) -> str:
+            n = per_seed_n[t]
+            if n.nunique() == 1:
+                return f"{t}: {int(n.iloc[0])} problems in each of {len(n)} seeds"
+            return f"{t}: " + ", ".join(f"seed {s}: {int(k)} problems" for s, k in n.items())
+
         lines += [
-            "Settings cover different (problem, seed) units here (the run was extended for some settings only): the "
-            "two tables of means and the plots use the units every setting of a task completed ("
-            + ", ".join(f"{t}: {common[t]} problems" for t in tasks) + "), so their rows average the same "
-            "problems; the per-setting table over every completed unit follows them, and the paired deltas use "
-            "every pair.",
+            "Settings cover different (problem, seed) units here (the run was extended for some settings or seeds "
+            "only): the two tables of means and the plots use the problems every setting and seed of a task "
+            "completed (" + "; ".join(_common(t) for t in tasks) + "), so their rows and seeds average the same "
+            "problems; the per-setting table over every completed unit (`table_settings_all.csv`) follows them, "
+            "and the paired deltas use every pair.",
             "",
         ]
     lines += [
