@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates table1_holdout.md / table6_holdout.md (problems 64.. only) and table1_all.md / table6_all.md
-# (every pair) from the committed results of this run; see README.md, "Every setting on problems 64-139".
+# (every pair) from the committed results of this run; see README.md, "All 164 problems at seed 0" and "Every setting on problems 64-139".
 set -euo pipefail
 R=docs/results/table1_power
 T1=(--pair "adaptive-interpolation(lam=0.4)=lossless" --pair "adaptive-interpolation(lam=0.6)=lossless"
