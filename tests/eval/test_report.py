@@ -139,7 +139,7 @@ def test_tables_of_means_use_problems_every_setting_and_seed_completed(run_dir, 
 
 def test_balanced_falls_back_to_triples_then_to_all_units(run_dir):
     """No problem has every (setting, seed): the (problem, seed) triples every setting completed; none of those
-    either: every unit."""
+    either: every unit. Each task on its own."""
     df = load_frame(run_dir)
     df = df[df.task == "toy"]
     # seed 0 keeps problems 0 and 1, seed 1 keeps problem 2: no problem in both seeds
@@ -154,6 +154,12 @@ def test_balanced_falls_back_to_triples_then_to_all_units(run_dir):
     disjoint = df[[lab == labels[(int(pid[-1]) + 3 * s) % len(labels)]
                    for lab, pid, s in zip(df.label, df.problem_id, df.seed, strict=True)]]
     assert len(balanced(disjoint)) == len(disjoint) > 0
+    # each task falls back on its own: toy2 (complete) keeps every unit, toy its complete triples
+    both = pd.concat([lack, load_frame(run_dir).query("task == 'toy2'")])
+    got = balanced(both)
+    assert len(got[got.task == "toy2"]) == len(both[both.task == "toy2"]) > 0
+    assert set(zip(got[got.task == "toy"].problem_id, got[got.task == "toy"].seed, strict=True)) == \
+        {("toy/0", 0), ("toy/2", 1)}
 
 
 def test_cli_report_and_errors(run_dir, tmp_path):

@@ -92,19 +92,20 @@ def _setting_order(df: pd.DataFrame, run_dir: Path | None) -> list[str]:
 def balanced(df: pd.DataFrame) -> pd.DataFrame:
     """The units that make a table of means average the same problems in every row and every seed.
 
-    First choice: the (task, problem) pairs that every (setting, seed) of their task completed, so that a mean
-    +- std over seeds compares seeds on one problem set (a run extended for some seeds or settings only would
-    otherwise average seed 0 over more problems than seeds 1-2). When no problem has every (setting, seed),
-    the (task, problem, seed) triples that every setting completed; when none has that either, every unit."""
-    # how many (setting, seed) cells a complete problem of each task has
-    cell = df["label"].astype(str) + "\x00" + df["seed"].astype(str)
-    n_cells = cell.groupby(df["task"]).transform("nunique")
-    complete = cell.groupby([df["task"], df["problem_id"]]).transform("nunique") == n_cells
-    if complete.any():
-        return df[complete]
-    n_settings = df.groupby("task")["label"].transform("nunique")
-    complete = df.groupby(["task", "problem_id", "seed"])["label"].transform("nunique") == n_settings
-    return df[complete] if complete.any() else df
+    Per task, first choice: the problems that every (setting, seed) of the task completed, so that a mean +- std
+    over seeds compares seeds on one problem set (a run extended for some seeds or settings only would otherwise
+    average seed 0 over more problems than seeds 1-2). When no problem of the task has every (setting, seed),
+    the (problem, seed) pairs that every setting completed; when none has that either, every unit of the task."""
+    keep = np.zeros(len(df), dtype=bool)
+    for rows in df.groupby("task", sort=False).indices.values():  # positions: safe with a repeated index
+        g = df.iloc[rows]
+        cell = g["label"].astype(str) + "\x00" + g["seed"].astype(str)
+        complete = (cell.groupby(g["problem_id"].to_numpy()).transform("nunique") == cell.nunique()).to_numpy()
+        if not complete.any():
+            by = [g["problem_id"].to_numpy(), g["seed"].to_numpy()]
+            complete = (g["label"].groupby(by).transform("nunique") == g["label"].nunique()).to_numpy()
+        keep[rows] = complete if complete.any() else True
+    return df[keep]
 
 
 def per_seed(df: pd.DataFrame) -> pd.DataFrame:
