@@ -135,6 +135,11 @@ def test_tables_of_means_use_problems_every_setting_and_seed_completed(run_dir, 
     assert (dt.n_pairs[(dt.task == "toy") & ~dt.setting.str.contains("all settings")] == 5).all()
     # a balanced run reports no such thing
     assert "settings_all" not in write_report(run_dir, out_dir=tmp_path / "even", n_boot=100)
+    # and once the run is completed, a rebuild into the same folder removes the earlier report's stale table
+    assert files["settings_all"].exists()
+    (uneven / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_results(run_dir)))
+    rebuilt = write_report(uneven, n_boot=100)
+    assert "settings_all" not in rebuilt and not files["settings_all"].exists()
 
 
 def test_balanced_falls_back_to_triples_then_to_all_units(run_dir):

@@ -669,16 +669,19 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
     }
     seeds.to_csv(files["per_seed"], index=False)
     st.assign(param=st["params"].map(_param_text)).to_csv(files["settings"], index=False)
+    settings_all = out / "table_settings_all.csv"
     if uneven:
-        files["settings_all"] = out / "table_settings_all.csv"
-        st_all.assign(param=st_all["params"].map(_param_text)).to_csv(files["settings_all"], index=False)
+        files["settings_all"] = settings_all
+        st_all.assign(param=st_all["params"].map(_param_text)).to_csv(settings_all, index=False)
+    else:  # a rebuild after the run completed: a table left from an earlier, uneven report would be stale
+        settings_all.unlink(missing_ok=True)
     mt.to_csv(files["methods"], index=False)
     dt.to_csv(files["delta"], index=False)
     dd.to_csv(files["diffs_csv"], index=False)
     files["diffs"].write_text(_diffs_md(dd))
     plot_tradeoff(st, tasks, order, files["tradeoff"])
     if not plot_be_vs_param(st, tasks, order, files["be_vs_param"]):
-        files.pop("be_vs_param")
+        files.pop("be_vs_param").unlink(missing_ok=True)  # no swept parameter now: drop an earlier plot
 
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
