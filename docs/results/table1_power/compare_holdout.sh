@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates table1_holdout.md / table6_holdout.md (problems 64.. only) and table1_all.md / table6_all.md
-# (every pair) from the committed results of this run; see README.md, "All 164 problems at seed 0" and "Every setting on problems 64-139".
+# (every pair), and lam02_holdout.md / lam02_all.md (Table 1's lam 0.2 row), from the committed results of this run;
+# see README.md, "All 164 problems x 3 seeds" and "lam 0.2 on all 164 problems".
 set -euo pipefail
 R=docs/results/table1_power
 T1=(--pair "adaptive-interpolation(lam=0.4)=lossless" --pair "adaptive-interpolation(lam=0.6)=lossless"
@@ -15,7 +16,11 @@ T6=(--pair "spec-cascade(p_base=0.5)=lossless" --pair "lenience(l=0.4)=lossless"
     --pair "minp-cap(p_base=0.5, l=0.4)=lossless" --pair "lenience(l=0.4)=spec-cascade(p_base=0.5)"
     --pair "ceiling(l=0.4)=lenience(l=0.4)" --pair "minp-cap(p_base=0.5, l=0.4)=ceiling(l=0.4)"
     --pair "minp-cap(p_base=0.5, l=0.4)=lenience(l=0.4)" --pair "minp-cap(p_base=0.5, l=0.4)=spec-cascade(p_base=0.5)")
+L2=(--pair "adaptive-interpolation(lam=0.2)=lossless" --pair "overshoot-ceiling(lam=0.2)=lossless"
+    --pair "adaptive-interpolation(lam=0.2)=overshoot-ceiling(lam=0.2)")
 verispec bench compare "$R" "${T1[@]}" --problems 64: --out "$R/table1_holdout.md"
 verispec bench compare "$R" "${T6[@]}" --problems 64: --out "$R/table6_holdout.md"
 verispec bench compare "$R" "${T1[@]}" --out "$R/table1_all.md"
 verispec bench compare "$R" "${T6[@]}" --out "$R/table6_all.md"
+verispec bench compare "$R" "${L2[@]}" --problems 64: --out "$R/lam02_holdout.md"
+verispec bench compare "$R" "${L2[@]}" --out "$R/lam02_all.md"
