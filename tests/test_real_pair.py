@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import SamplingConfig, load_engine
+from verispec import SamplingConfig
 from verispec.drafters import NgramDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.testing import skip_unless_real_pair
 
 pytestmark = pytest.mark.real
 
@@ -23,9 +22,8 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def engine() -> SpeculativeEngine:
-    skip_unless_real_pair()
-    return load_engine(dtype="float32", cache=False)
+def engine(real_engine_fp32) -> SpeculativeEngine:
+    return real_engine_fp32  # tests/conftest.py: one fp32 load per session
 
 
 @pytest.mark.parametrize("idx", range(len(PROMPTS)))

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import SamplingConfig, load_engine
+from verispec import SamplingConfig
 from verispec.drafters import TreeDrafter
 from verispec.engine import Engine
-from verispec.testing import skip_unless_real_pair
 
 pytestmark = pytest.mark.real
 
@@ -19,9 +18,8 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    skip_unless_real_pair()
-    return load_engine(dtype="float32", cache=False)
+def engine(real_engine_fp32) -> Engine:
+    return real_engine_fp32  # tests/conftest.py: one fp32 load per session
 
 
 def test_real_pair_tree_greedy_equals_target_greedy(engine):

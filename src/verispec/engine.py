@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from .backends.base import Backend, ScoreRequest
-from .drafters.base import Drafter, DraftRequest, Proposal, check_gamma
-from .processors import History, SamplingConfig, apply_penalties, process
-from .rules import Rule, get
-from .tree import TokenTree, check_tree_rule, verify_tree
-from .verify import verify_block, verify_greedy, verify_greedy_rule
+from verispec.backends.base import Backend, ScoreRequest
+from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
+from verispec.processors import History, SamplingConfig, apply_penalties, process
+from verispec.rules import Rule, get
+from verispec.tree import TokenTree, check_tree_rule, verify_tree
+from verispec.verify import verify_block, verify_greedy, verify_greedy_rule
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
 
@@ -412,7 +412,7 @@ class Engine:
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
-        from .scheduler import Scheduler
+        from verispec.scheduler import Scheduler
 
         single = isinstance(prompt, str) or len(prompt) == 0 or not isinstance(prompt[0], str | list | tuple)  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]

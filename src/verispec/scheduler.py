@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .engine import Engine, GenerationResult, Metrics, Request, Row
+from verispec.engine import Engine, GenerationResult, Metrics, Request, Row
 
 __all__ = ["Handle", "Scheduler"]
 

@@ -80,7 +80,7 @@ def skip_unless_real_pair() -> None:
     """In a pytest test or fixture: skip with the install command when the default real pair is missing."""
     import pytest
 
-    from . import models
+    from verispec import models
 
     for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
         if not models.is_installed(name):
@@ -114,10 +114,10 @@ def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True)
     """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer` behind ``drafter`` (model, tree,
     ngram, ngram+model or none): the evaluation harness's ``target = "toy"``, tests and dry runs. Engines are kept
     in :data:`TOY_ENGINES` unless ``cache=False``."""
-    from .api import EngineCache
-    from .backends.hf import HFBackend
-    from .drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
-    from .engine import Engine
+    from verispec.api import EngineCache
+    from verispec.backends.hf import HFBackend
+    from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+    from verispec.engine import Engine
 
     global TOY_ENGINES
     if TOY_ENGINES is None:

@@ -40,8 +40,8 @@ from typing import Literal
 
 import torch
 
-from .rules import Rule, TruncationRule
-from .verify import sample_categorical
+from verispec.rules import Rule, TruncationRule
+from verispec.verify import sample_categorical
 
 __all__ = [
     "PositionWalk",

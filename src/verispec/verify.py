@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rules import Rule
+from verispec.rules import Rule
 
 __all__ = [
     "SUM_TOL",

@@ -1,6 +1,6 @@
 """Exact math, no sampling: induced distributions, acceptance, TV/KL, Lemmas 1-2, the Figure-4 simulation."""
 
-from .exact import (
+from verispec.analysis.exact import (
     acceptance_probability,
     as_dist,
     cos_we_closed_form,
@@ -10,8 +10,8 @@ from .exact import (
     truncation_closed_form,
     tv,
 )
-from .sequence import sequence_distribution
-from .truncation import Lemma1, allowed_set, kl_eagle, kl_sd, lemma1
+from verispec.analysis.sequence import sequence_distribution
+from verispec.analysis.truncation import Lemma1, allowed_set, kl_eagle, kl_sd, lemma1
 
 __all__ = [
     "Lemma1",

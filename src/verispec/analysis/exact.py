@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..processors import renormalize_on
-from ..rules import Rule, get
-from ..rules.collaborative import lenience_delta
+from verispec.processors import renormalize_on
+from verispec.rules import Rule, get
+from verispec.rules.collaborative import lenience_delta
 
 __all__ = [
     "acceptance_probability",

@@ -42,9 +42,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..rules import Rule, get
-from .exact import acceptance_probability
-from .truncation import allowed_set, lemma1
+from verispec.analysis.exact import acceptance_probability
+from verispec.analysis.truncation import allowed_set, lemma1
+from verispec.rules import Rule, get
 
 __all__ = [
     "COLUMNS",

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rules import Rule, TruncationRule, get, matched_baseline
-from ..tree import PositionWalk, TokenTree, TypicalMode, _with_typical, check_tree_rule, tree_acceptance
-from .exact import as_dist, kl
-from .truncation import kl_eagle
+from verispec.analysis.exact import as_dist, kl
+from verispec.analysis.truncation import kl_eagle
+from verispec.rules import Rule, TruncationRule, get, matched_baseline
+from verispec.tree import PositionWalk, TokenTree, TypicalMode, _with_typical, check_tree_rule, tree_acceptance
 
 __all__ = [
     "PositionLaw",

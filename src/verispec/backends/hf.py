@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .base import ScoreRequest, common_prefix_len, is_chain, plan_requests
+from verispec.backends.base import ScoreRequest, common_prefix_len, is_chain, plan_requests
 
 __all__ = ["HFBackend"]
 

@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..schedule import interpolate_costs
-from .base import ScoreRequest, common_prefix_len, plan_requests
+from verispec.backends.base import ScoreRequest, common_prefix_len, plan_requests
+from verispec.schedule import interpolate_costs
 
 __all__ = ["DEFAULT_BLOCK_COSTS", "LlamaCppBackend", "llama_cpp_available"]
 

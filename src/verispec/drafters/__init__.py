@@ -1,10 +1,10 @@
 """Drafters: each proposes a chain or a token tree per row and returns the exact q it drew from (or None)."""
 
-from .base import BaseDrafter, Drafter, DraftRequest, Proposal
-from .hybrid import HybridDrafter
-from .model import ModelDrafter
-from .ngram import NgramDrafter, ngram_lookup
-from .tree import TreeDrafter
+from verispec.drafters.base import BaseDrafter, Drafter, DraftRequest, Proposal
+from verispec.drafters.hybrid import HybridDrafter
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.ngram import NgramDrafter, ngram_lookup
+from verispec.drafters.tree import TreeDrafter
 
 __all__ = [
     "BaseDrafter",

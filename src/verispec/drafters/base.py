@@ -19,10 +19,10 @@ from typing import Protocol
 
 import torch
 
-from ..backends.base import chain_parents, is_chain
-from ..processors import History, SamplingConfig
-from ..rules import Rule
-from ..schedule import AdaptiveGamma
+from verispec.backends.base import chain_parents, is_chain
+from verispec.processors import History, SamplingConfig
+from verispec.rules import Rule
+from verispec.schedule import AdaptiveGamma
 
 __all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "check_gamma"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from .base import BaseDrafter, DraftRequest, Proposal
-from .ngram import ngram_lookup
+from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
+from verispec.drafters.ngram import ngram_lookup
 
 __all__ = ["HybridDrafter"]
 

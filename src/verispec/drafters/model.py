@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..backends.base import Backend, ScoreRequest
-from ..processors import apply_penalties, process
-from ..verify import sample_categorical
-from .base import BaseDrafter, DraftRequest, Proposal
+from verispec.backends.base import Backend, ScoreRequest
+from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
+from verispec.processors import apply_penalties, process
+from verispec.verify import sample_categorical
 
 __all__ = ["ModelDrafter"]
 

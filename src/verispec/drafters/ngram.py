@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import BaseDrafter, DraftRequest, Proposal
+from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
 
 __all__ = ["NgramDrafter", "ngram_lookup"]
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backends.base import Backend, ScoreRequest
-from ..processors import History, process
-from ..verify import sample_categorical
-from .base import DraftRequest, Proposal
-from .model import ModelDrafter
+from verispec.backends.base import Backend, ScoreRequest
+from verispec.drafters.base import DraftRequest, Proposal
+from verispec.drafters.model import ModelDrafter
+from verispec.processors import History, process
+from verispec.verify import sample_categorical
 
 __all__ = ["TreeDrafter"]
 

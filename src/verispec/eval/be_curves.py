@@ -42,11 +42,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import rules as _rules
-from ..rules import Rule, matched_baseline
-from .estimator import DistLog, be_iid, be_trajectory, position_stats
-from .report import md_table
-from .sweep import PAPER_PARAM_MAPS, PRESETS, setting
+from verispec import rules as _rules
+from verispec.eval.estimator import DistLog, be_iid, be_trajectory, position_stats
+from verispec.eval.report import md_table
+from verispec.eval.sweep import PAPER_PARAM_MAPS, PRESETS, setting
+from verispec.rules import Rule, matched_baseline
 
 __all__ = [
     "BECurves",

@@ -32,7 +32,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from .report import load_frame, md_table
+from verispec.eval.report import load_frame, md_table
 
 __all__ = ["CLAIMS", "AVAILABLE_PAIRS", "Claim", "coupling_table", "design_effect", "n_for_halfwidth", "n_required",
            "paired_differences", "paired_summary", "plan_markdown", "power_markdown", "power_table", "ratio_ci",
@@ -225,7 +225,7 @@ def power_table(run_dir: str | Path, claims: Sequence[Claim] = CLAIMS, alpha: fl
 def throughput(run_dir: str | Path) -> dict:
     """Units, wall hours from the first to the last ``finished_at`` and units per hour of a run directory, plus
     the sum of per-unit decoding seconds (one process's view)."""
-    from .runner import read_results
+    from verispec.eval.runner import read_results
 
     recs = read_results(run_dir)
     times = sorted(pd.Timestamp(r["finished_at"]) for r in recs)

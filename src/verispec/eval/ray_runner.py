@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runner import (
+from verispec.eval.runner import (
     EngineFactory,
     RunPlan,
     RunSummary,
@@ -47,8 +47,8 @@ from .runner import (
     log_failure,
     open_run,
 )
-from .sweep import SweepConfig, WorkUnit
-from .tasks.base import Problem
+from verispec.eval.sweep import SweepConfig, WorkUnit
+from verispec.eval.tasks.base import Problem
 
 __all__ = ["RayOptions", "RaySummary", "UnitWorker", "parse_ray_address", "run_sweep_ray"]
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine import GenerationResult, Request
-from ..scheduler import Scheduler
-from .sweep import SweepConfig, WorkUnit, expand, load_config
-from .tasks.base import Grade, Problem
+from verispec.engine import GenerationResult, Request
+from verispec.eval.sweep import SweepConfig, WorkUnit, expand, load_config
+from verispec.eval.tasks.base import Grade, Problem
+from verispec.scheduler import Scheduler
 
 __all__ = [
     "RESULTS",
@@ -69,7 +69,7 @@ SCHEMA = 1
 #: units decoded at once by default (``--batch-size``); see docs/results/batching.md for the measurement
 DEFAULT_BATCH_SIZE = 8
 
-from ..testing import ToyTokenizer  # noqa: E402  (re-exported: the toy task renders prompts with it)
+from verispec.testing import ToyTokenizer  # noqa: E402  (re-exported: the toy task renders prompts with it)
 
 EngineFactory = Callable[[SweepConfig], Any]
 
@@ -110,14 +110,14 @@ def get_task(name: str, **options: object) -> Any:
         if options:
             raise ValueError(f"task {name!r} takes no options, got {', '.join(sorted(options))}")
         return EXTRA_TASKS[name]()
-    from .tasks import get_task as real
+    from verispec.eval.tasks import get_task as real
 
     return real(name, **options)
 
 
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
     """The tiny random pair of :func:`verispec.testing.toy_engine` with the config's drafter: a sweep in seconds."""
-    from ..testing import toy_engine as make
+    from verispec.testing import toy_engine as make
 
     return make("model" if cfg is None else cfg.drafter, vocab_size)
 
@@ -130,7 +130,7 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
 
             torch.set_num_threads(cfg.threads)
         return toy_engine(cfg)
-    from ..api import load_engine
+    from verispec.api import load_engine
 
     return load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads,
                        device=cfg.device, target_backend=cfg.target_backend)

@@ -81,10 +81,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .. import rules
-from ..config import DEFAULT_TEMPERATURE, TARGET_BACKENDS
-from ..config import DRAFTERS as _DRAFTER_SPECS
-from ..processors import SamplingConfig
+from verispec import rules
+from verispec.config import DEFAULT_TEMPERATURE, TARGET_BACKENDS
+from verispec.config import DRAFTERS as _DRAFTER_SPECS
+from verispec.processors import SamplingConfig
 
 __all__ = [
     "PAPER_PARAM_MAPS",
@@ -417,7 +417,9 @@ def _check_keys(where: str, got: Mapping, allowed: set[str]) -> None:
 
 def _check_task_options(name: str, options: Mapping[str, object]) -> None:
     """ValueError unless the task's constructor takes ``options`` (built once here, so a typo fails at parse)."""
-    from .runner import get_task  # the runner's lookup (toy tasks included); imported late: runner imports sweep
+    from verispec.eval.runner import (
+        get_task,  # the runner's lookup (toy tasks included); imported late: runner imports sweep
+    )
 
     try:
         get_task(name, **options)
@@ -517,7 +519,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table
     if drafter == "tree":  # refuse now rather than fail every unit of an unsupported rule
-        from ..tree import check_tree_rule
+        from verispec.tree import check_tree_rule
 
         for m in methods:
             check_tree_rule(m.build())

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .base import ReferenceRule, Rule, UnnormalizedReferenceRule
-from .collaborative import AdaptiveInterpolation, Ceiling, CosCD, CosWE, Lenience, MinPCap, OvershootCeiling
-from .lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
-from .truncation import SpecCascade, TruncationRule, Typical
+from verispec.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule
+from verispec.rules.collaborative import (
+    AdaptiveInterpolation,
+    Ceiling,
+    CosCD,
+    CosWE,
+    Lenience,
+    MinPCap,
+    OvershootCeiling,
+)
+from verispec.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
+from verispec.rules.truncation import SpecCascade, TruncationRule, Typical
 
 __all__ = [
     "REGISTRY",

@@ -8,9 +8,9 @@ from typing import ClassVar
 
 import torch
 
-from ..processors import minp_mask
-from .base import ReferenceRule, Rule, UnnormalizedReferenceRule, positive_residual, ratio_acceptance
-from .validate import _finite, check_l, check_lam, check_p_base
+from verispec.processors import minp_mask
+from verispec.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule, positive_residual, ratio_acceptance
+from verispec.rules.validate import _finite, check_l, check_lam, check_p_base
 
 __all__ = [
     "AdaptiveInterpolation",

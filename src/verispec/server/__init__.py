@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .app import create_app
-from .protocol import Limits
+from verispec.server.app import create_app
+from verispec.server.protocol import Limits
 
 __all__ = ["Limits", "create_app", "serve"]
 

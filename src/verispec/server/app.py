@@ -28,13 +28,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine import Engine
-from ..scheduler import Handle
-from ..streaming import TextStream
-from .metrics import ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Limits, Settings, parse_body, prompt_builder
-from .responses import Reply, sse, verispec_block
-from .worker import Job, Worker
+from verispec.engine import Engine
+from verispec.scheduler import Handle
+from verispec.server.metrics import ServerMetrics
+from verispec.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Limits,
+    Settings,
+    parse_body,
+    prompt_builder,
+)
+from verispec.server.responses import Reply, sse, verispec_block
+from verispec.server.worker import Job, Worker
+from verispec.streaming import TextStream
 
 __all__ = ["Generation", "ServerState", "create_app"]
 

@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from .. import rules
-from ..config import DEFAULT_TEMPERATURE
-from ..engine import Engine, Request
-from ..processors import SamplingConfig
-from ..tree import check_tree_rule
+from verispec import rules
+from verispec.config import DEFAULT_TEMPERATURE
+from verispec.engine import Engine, Request
+from verispec.processors import SamplingConfig
+from verispec.tree import check_tree_rule
 
 __all__ = [
     "MAX_GAMMA",

@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import GenerationResult
-from ..rules import Rule
+from verispec.engine import GenerationResult
+from verispec.rules import Rule
 
 __all__ = ["Reply", "sse", "verispec_block"]
 

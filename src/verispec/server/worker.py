@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from ..engine import Engine, Request
-from ..scheduler import Handle, Scheduler
+from verispec.engine import Engine, Request
+from verispec.scheduler import Handle, Scheduler
 
 __all__ = ["Job", "JobListener", "Worker"]
 

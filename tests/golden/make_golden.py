@@ -1,0 +1,67 @@
+"""Write the golden results that tests/test_golden.py compares against: a toy sweep (configs/toy.toml) and a short
+sweep on the real pair (fp32, two HumanEval problems, lossless and lenience). Run it only when a change is MEANT to
+change tokens, and say so in the commit:  python3 tests/golden/make_golden.py [toy|real]"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+#: the fields of a result line that a refactor must not change (timings and timestamps are left out)
+FIELDS = ("key", "label", "baseline", "seed", "gen_seed", "settings", "prompt_tokens", "text", "token_ids",
+          "finish_reason", "grade", "be", "rounds", "drafted", "accepted", "emitted_accepted", "per_round",
+          "per_round_emitted")
+REAL_CONFIG = """
+name = "golden_real"
+seeds = [0]
+temperature = 0.7
+gamma = 4
+max_new_tokens = 32
+[models]
+target = "qwen2.5-coder-1.5b-instruct"
+draft = "qwen2.5-coder-0.5b-instruct"
+drafter = "model"
+dtype = "float32"
+[[tasks]]
+name = "humaneval"
+limit = 2
+[[methods]]
+rule = "lossless"
+[[methods]]
+rule = "lenience"
+params = { l = 0.5 }
+"""
+
+
+def project(records: list[dict]) -> list[dict]:
+    """The refactor-invariant part of each result line, sorted by key."""
+    return [{k: r[k] for k in FIELDS} for r in sorted(records, key=lambda r: r["key"])]
+
+
+def run(config_text: str | None, engine_factory=None) -> list[dict]:
+    """Run a sweep (``None``: configs/toy.toml) in a scratch directory and return its projected results."""
+    import tomllib
+
+    from verispec.eval.runner import read_results, run_sweep
+    from verispec.eval.sweep import load_config, parse_config
+
+    cfg = load_config(ROOT / "configs" / "toy.toml") if config_text is None else parse_config(
+        tomllib.loads(config_text))
+    with tempfile.TemporaryDirectory() as d:
+        run_sweep(cfg, d, progress=False, engine_factory=engine_factory)
+        return project(read_results(d))
+
+
+def main(which: str = "both") -> None:
+    if which in ("toy", "both"):
+        (HERE / "toy_sweep.json").write_text(json.dumps(run(None), indent=1) + "\n")
+    if which in ("real", "both"):
+        (HERE / "real_pair.json").write_text(json.dumps(run(REAL_CONFIG), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
