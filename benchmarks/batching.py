@@ -24,9 +24,10 @@ import torch
 
 from verispec import SamplingConfig, load_engine
 from verispec.drafters import NgramDrafter
-from verispec.engine import Engine, Request
 from verispec.eval.tasks import get_task
-from verispec.scheduler import Scheduler
+from verispec.runtime.engine import Engine
+from verispec.runtime.scheduler import Scheduler
+from verispec.runtime.types import Request
 
 
 def run_batch(engine: Engine, prompts: list[list[int]], cfg: SamplingConfig, batch: int, new: int) -> dict:
@@ -65,7 +66,7 @@ def run_batch(engine: Engine, prompts: list[list[int]], cfg: SamplingConfig, bat
 
 
 def harness(n_units: int, threads: int) -> list[dict]:
-    from verispec.eval.runner import run_sweep
+    from verispec.eval.run import run_sweep
 
     out = []
     for batch in (1, 8):

@@ -38,9 +38,10 @@ from openai import OpenAI
 
 from verispec import models
 from verispec.api import load_engine
-from verispec.engine import Engine, Request
-from verispec.processors import SamplingConfig
-from verispec.scheduler import Handle, Scheduler
+from verispec.core.sampling import SamplingConfig
+from verispec.runtime.engine import Engine
+from verispec.runtime.scheduler import Handle, Scheduler
+from verispec.runtime.types import Request
 from verispec.server import create_app
 from verispec.server.background import BackgroundServer
 

@@ -36,9 +36,9 @@ from verispec import SamplingConfig, load_engine, models
 from verispec.api import build_drafter
 from verispec.backends.base import ScoreRequest
 from verispec.backends.llamacpp import LlamaCppBackend
-from verispec.engine import Engine
+from verispec.core.schedule import break_even_alpha
 from verispec.eval.tasks import get_task
-from verispec.schedule import break_even_alpha
+from verispec.runtime.engine import Engine
 
 #: held-out chat prompts (general assistant requests, not code completion of a given stub); fixed, never tuned on
 CHAT_PROMPTS = [

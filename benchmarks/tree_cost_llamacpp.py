@@ -19,7 +19,7 @@ import time
 import llama_cpp as L
 
 from verispec import models
-from verispec.schedule import expected_tokens
+from verispec.core.schedule import expected_tokens
 
 
 def binary_tree(n: int) -> list[int]:

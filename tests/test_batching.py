@@ -8,11 +8,12 @@ import torch
 
 from verispec.analysis import sequence_distribution
 from verispec.backends.hf import HFBackend
+from verispec.core.rules import get
+from verispec.core.sampling import History, SamplingConfig, process
 from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
-from verispec.engine import Engine, Request
-from verispec.processors import History, SamplingConfig, process
-from verispec.rules import get
-from verispec.scheduler import Scheduler
+from verispec.runtime.engine import Engine
+from verispec.runtime.scheduler import Scheduler
+from verispec.runtime.types import Request
 from verispec.testing import chi_square_pvalue, reference_greedy, tiny_qwen
 
 GREEDY = SamplingConfig(temperature=0)

@@ -8,7 +8,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from verispec.cli import main
+from verispec.cli.main import main
 
 P = "0.6,0.3,0.1"
 Q = "0.2,0.5,0.3"

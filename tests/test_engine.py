@@ -8,10 +8,11 @@ import torch
 
 from verispec.analysis import sequence_distribution
 from verispec.backends.hf import HFBackend
+from verispec.core.rules import get
+from verispec.core.sampling import SamplingConfig, history_counts, process
 from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from verispec.engine import Engine, Request, SpeculativeEngine
-from verispec.processors import SamplingConfig, history_counts, process
-from verispec.rules import get
+from verispec.runtime.engine import Engine, SpeculativeEngine
+from verispec.runtime.types import Request
 from verispec.testing import chi_square_pvalue, reference_greedy, tiny_qwen
 
 GREEDY = SamplingConfig(temperature=0)

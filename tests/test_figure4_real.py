@@ -1,4 +1,4 @@
-"""Figure 4 on logged real pairs (verispec.analysis.figure4_real) and the shared per-pair terms: exact values on
+"""Figure 4 on logged real pairs (verispec.studies.figure4_real) and the shared per-pair terms: exact values on
 hand-made (p, q) whose gain, loss and net are computed by hand."""
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from verispec.analysis.figure4_real import (
+from verispec.analysis.simulation import COLUMNS, pair_terms, simulate
+from verispec.cli.main import main
+from verispec.eval.estimator import DistLog, Trajectory, be_trajectory
+from verispec.studies.figure4_real import (
     cluster_se,
     generator_ablation,
     log_pairs,
@@ -20,9 +23,6 @@ from verispec.analysis.figure4_real import (
     real_summary,
     report,
 )
-from verispec.analysis.simulation import COLUMNS, pair_terms, simulate
-from verispec.cli import main
-from verispec.eval.estimator import DistLog, Trajectory, be_trajectory
 
 T = 1e-12
 

@@ -18,8 +18,8 @@ import torch
 
 from verispec import rules
 from verispec.analysis import induced_distribution
+from verispec.core.verify.chain import verify_greedy, verify_greedy_rule
 from verispec.testing import RULE_CONFIGS
-from verispec.verify import verify_greedy, verify_greedy_rule
 
 
 def _hf_ensemble_greedy(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor, new_logits: torch.Tensor,

@@ -20,7 +20,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip ins
 
 from verispec.api import build_drafter, load_engine  # noqa: E402
 from verispec.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from verispec.engine import Engine  # noqa: E402
+from verispec.runtime.engine import Engine  # noqa: E402
 
 pytestmark = pytest.mark.real
 
@@ -122,7 +122,7 @@ SUPPORT_GAP = 0.5
 def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = True):
     """prefix -> the backend's processed next-token distribution (float64), one row per call, cached. With
     ``check_gap``, fail when the top-k boundary is a near-tie (the support would depend on the batch shape)."""
-    from verispec.processors import process
+    from verispec.core.sampling import process
 
     row, cache = backend.add_row(), {}
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verispec.processors import (
+from verispec.core.sampling import (
     SamplingConfig,
     apply_penalties,
     entropy,
@@ -361,7 +361,7 @@ def test_with_revalidates():
 def test_history_penalties_follow_openai_and_hf():
     """Frequency / presence penalties count generated tokens only (OpenAI, vLLM); the repetition penalty counts
     prompt and generated tokens (Hugging Face). A prompt-only token is hit by repetition, not by frequency."""
-    from verispec.processors import History
+    from verispec.core.sampling import History
 
     h = History.of([0, 0, 1], [2, 2], 4)
     assert h.all.tolist() == [2, 1, 2, 0] and h.generated.tolist() == [0, 0, 2, 0]

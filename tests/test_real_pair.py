@@ -9,7 +9,7 @@ import torch
 
 from verispec import SamplingConfig
 from verispec.drafters import NgramDrafter
-from verispec.engine import SpeculativeEngine
+from verispec.runtime.engine import SpeculativeEngine
 
 pytestmark = pytest.mark.real
 

@@ -20,8 +20,7 @@ from verispec.analysis import (
     truncation_closed_form,
     tv,
 )
-from verispec.processors import eta_mask, minp_mask, renormalize_on
-from verispec.rules.collaborative import (
+from verispec.core.rules.collaborative import (
     AdaptiveInterpolation,
     Ceiling,
     CosCD,
@@ -31,8 +30,9 @@ from verispec.rules.collaborative import (
     OvershootCeiling,
     lenience_delta,
 )
-from verispec.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
-from verispec.rules.truncation import SpecCascade, Typical
+from verispec.core.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
+from verispec.core.rules.truncation import SpecCascade, Typical
+from verispec.core.sampling import eta_mask, minp_mask, renormalize_on
 from verispec.testing import RULE_CONFIGS
 
 TOL = 1e-12
@@ -507,7 +507,7 @@ def test_baselines_leave_the_draft_untouched_by_default():
 
 def test_typical_ratio_reading_on_chains():
     """acceptance="ratio": h = min{p / tau, 1}, tau = min(eps, delta e^-H(p)); 1 on A_eta, fractional below."""
-    from verispec.processors import eta_threshold
+    from verispec.core.sampling import eta_threshold
 
     p, q = d(P5), d(Q5)
     ind = rules.get("typical", epsilon=0.3)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 from verispec.backends.hf import HFBackend
-from verispec.drafters import ModelDrafter
-from verispec.engine import SpeculativeEngine
-from verispec.processors import SamplingConfig
-from verispec.schedule import (
+from verispec.core.sampling import SamplingConfig
+from verispec.core.schedule import (
     AdaptiveGamma,
     best_gamma,
     break_even_alpha,
@@ -16,6 +14,8 @@ from verispec.schedule import (
     interpolate_costs,
     speedup,
 )
+from verispec.drafters import ModelDrafter
+from verispec.runtime.engine import SpeculativeEngine
 from verispec.testing import tiny_qwen
 
 

@@ -22,8 +22,8 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from verispec.processors import SamplingConfig  # noqa: E402
-from verispec.rules import get  # noqa: E402
+from verispec.core.rules import get  # noqa: E402
+from verispec.core.sampling import SamplingConfig  # noqa: E402
 from verispec.server import Limits, create_app  # noqa: E402
 from verispec.server.background import BackgroundServer  # noqa: E402
 from verispec.testing import toy_engine  # noqa: E402

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import verispec.api
-from verispec.cli import main
-from verispec.streaming import TextStream
+from verispec.cli.main import main
+from verispec.runtime.text import TextStream
 from verispec.testing import toy_engine
 
 TEXT = "héllo wörld: 1 € = 2 ∑, naïve 🙂 done"

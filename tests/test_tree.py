@@ -10,12 +10,13 @@ import torch
 
 from verispec.backends.base import ScoreRequest
 from verispec.backends.hf import HFBackend
+from verispec.core.rules import get
+from verispec.core.sampling import SamplingConfig, history_counts, process
+from verispec.core.verify.tree import TokenTree, tree_attention
 from verispec.drafters.tree import TreeDrafter
-from verispec.engine import Engine, Request
-from verispec.processors import SamplingConfig, history_counts, process
-from verispec.rules import get
+from verispec.runtime.engine import Engine
+from verispec.runtime.types import Request
 from verispec.testing import chi_square_pvalue, tiny_qwen
-from verispec.tree import TokenTree, tree_attention
 
 GREEDY = SamplingConfig(temperature=0)
 

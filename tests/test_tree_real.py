@@ -9,7 +9,7 @@ import torch
 
 from verispec import SamplingConfig
 from verispec.drafters import TreeDrafter
-from verispec.engine import Engine
+from verispec.runtime.engine import Engine
 
 pytestmark = pytest.mark.real
 

@@ -23,9 +23,9 @@ from verispec.analysis.tree import (
     position_law,
     position_law_sampled,
 )
+from verispec.core.rules import get, matched_baseline
+from verispec.core.verify.tree import TokenTree, select_child, tree_acceptance, verify_tree
 from verispec.drafters.tree import TreeDrafter
-from verispec.rules import get, matched_baseline
-from verispec.tree import TokenTree, select_child, tree_acceptance, verify_tree
 
 P = torch.tensor([0.30, 0.20, 0.15, 0.12, 0.10, 0.08, 0.04, 0.01], dtype=torch.float64)
 P2 = torch.tensor([0.40, 0.25, 0.12, 0.08, 0.06, 0.05, 0.03, 0.01], dtype=torch.float64)  # typical: a fractional h
@@ -197,7 +197,7 @@ def test_a_new_rule_walks_trees_with_no_edit_to_tree_modules():
     from dataclasses import dataclass
     from typing import ClassVar
 
-    from verispec.rules.collaborative import Lenience
+    from verispec.core.rules.collaborative import Lenience
 
     @dataclass(frozen=True)
     class TreeLenience(Lenience):

@@ -23,9 +23,9 @@ from scipy import stats
 
 from verispec import rules
 from verispec.analysis import acceptance_probability, induced_distribution
-from verispec.rules.lossless import Lossless
+from verispec.core.rules.lossless import Lossless
+from verispec.core.verify.chain import sample_categorical, verify_block, verify_greedy
 from verispec.testing import RULE_CONFIGS
-from verispec.verify import sample_categorical, verify_block, verify_greedy
 
 ALPHA = 1e-4
 Z_CRIT = 3.891  # two-sided normal quantile for alpha = 1e-4

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from verispec import rules
+from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
+from verispec.core.verify.tree import select_child
 from verispec.testing import RULE_CONFIGS
-from verispec.tree import select_child
-from verispec.verify import verify_block, verify_greedy, verify_greedy_rule
 
 N = 20_000
 

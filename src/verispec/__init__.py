@@ -1,7 +1,7 @@
 """verispec: speculative decoding whose verification can be trusted and measured.
 
 The heavy parts (torch models, transformers) load on first use of ``generate`` / ``load_engine`` and friends,
-so ``import verispec.rules`` or ``verispec.eval`` stays light.
+so ``import verispec.core.rules`` or ``verispec.eval`` stays light.
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ __version__ = "0.1.0"
 _LAZY = {
     "generate": "api",
     "load_engine": "api",
-    "GenerationResult": "engine",
-    "Metrics": "engine",
-    "SpeculativeEngine": "engine",
-    "Engine": "engine",
-    "Request": "engine",
-    "Scheduler": "scheduler",
-    "SamplingConfig": "processors",
+    "GenerationResult": "runtime.types",
+    "Metrics": "runtime.types",
+    "SpeculativeEngine": "runtime.engine",
+    "Engine": "runtime.engine",
+    "Request": "runtime.types",
+    "Scheduler": "runtime.scheduler",
+    "SamplingConfig": "core.sampling",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name == "rules":
-        return importlib.import_module(".rules", __name__)
+        return importlib.import_module(".core.rules", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'verispec' has no attribute {name!r}")

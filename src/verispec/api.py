@@ -10,12 +10,14 @@ import torch
 from verispec import models
 from verispec.backends.base import common_prefix_len
 from verispec.backends.hf import HFBackend
-from verispec.config import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
-from verispec.config import target_backend as check_target_backend
+from verispec.backends.llamacpp import LlamaCppBackend
+from verispec.core.rules import Rule, get
+from verispec.core.sampling import SamplingConfig
+from verispec.defaults import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
+from verispec.defaults import target_backend as check_target_backend
 from verispec.drafters import BaseDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
-from verispec.engine import Engine, GenerationResult
-from verispec.processors import SamplingConfig
-from verispec.rules import Rule, get
+from verispec.runtime.engine import Engine
+from verispec.runtime.types import GenerationResult
 
 __all__ = ["DRAFTERS", "ENGINES", "EngineCache", "build_drafter", "generate", "load_engine", "load_llamacpp_target"]
 
@@ -37,7 +39,6 @@ def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, thr
     ``n_threads`` (llama.cpp threads) defaults to half of ``threads`` (at least 1): with a transformers target,
     llama.cpp's threads spin-wait on each other and stall when they share the cores with torch's.
     """
-    from verispec.backends.llamacpp import LlamaCppBackend
 
     if draft is None:
         raise ValueError("a llama.cpp drafter needs a draft model")
@@ -80,7 +81,6 @@ def load_llamacpp_target(
     """
     from types import SimpleNamespace
 
-    from verispec.backends.llamacpp import LlamaCppBackend
 
     path, registered = _gguf_of(target, "target")
     if registered:
@@ -127,7 +127,7 @@ def build_drafter(
     device: str = "cpu",
     draft_threads: int | None = None,
 ) -> BaseDrafter | None:
-    """The drafter named ``drafter`` (see :data:`verispec.config.DRAFTERS`) on the ``draft`` model.
+    """The drafter named ``drafter`` (see :data:`verispec.defaults.DRAFTERS`) on the ``draft`` model.
 
     ``tree``: :class:`~verispec.drafters.TreeDrafter` options (depth, top_k, budget, width, sample).
     ``draft_threads``: llama.cpp threads of a llama.cpp draft (default: half of ``threads``, see
@@ -192,7 +192,7 @@ def load_engine(
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
-    ``drafter`` is one of :data:`verispec.config.DRAFTERS`: "model" (the draft model, chain), "tree" (token
+    ``drafter`` is one of :data:`verispec.defaults.DRAFTERS`: "model" (the draft model, chain), "tree" (token
     trees verified in one target forward with tree attention; ``tree`` holds the tree drafter's options),
     "llamacpp" (the draft's GGUF run by llama.cpp, about 4x cheaper per draft token on CPU; needs
     ``requirements-fast.txt``), "ngram" (prompt lookup), "ngram+model" / "ngram+llamacpp" (prompt lookup when

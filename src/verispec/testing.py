@@ -8,6 +8,13 @@ from typing import Any
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from verispec import models
+from verispec.api import EngineCache
+from verispec.backends.hf import HFBackend
+from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+from verispec.eval.tasks.toy import ALPHABET
+from verispec.runtime.engine import Engine
+
 __all__ = [
     "RULE_CONFIGS",
     "TOY_ENGINES",
@@ -80,7 +87,6 @@ def skip_unless_real_pair() -> None:
     """In a pytest test or fixture: skip with the install command when the default real pair is missing."""
     import pytest
 
-    from verispec import models
 
     for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
         if not models.is_installed(name):
@@ -90,7 +96,7 @@ def skip_unless_real_pair() -> None:
 class ToyTokenizer:
     """A character tokenizer over a 64-symbol alphabet, with a trivial chat template (for tiny models)."""
 
-    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
+    alphabet = ALPHABET
 
     def __init__(self) -> None:
         self.index = {c: i for i, c in enumerate(self.alphabet)}
@@ -114,10 +120,6 @@ def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True)
     """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer` behind ``drafter`` (model, tree,
     ngram, ngram+model or none): the evaluation harness's ``target = "toy"``, tests and dry runs. Engines are kept
     in :data:`TOY_ENGINES` unless ``cache=False``."""
-    from verispec.api import EngineCache
-    from verispec.backends.hf import HFBackend
-    from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
-    from verispec.engine import Engine
 
     global TOY_ENGINES
     if TOY_ENGINES is None:

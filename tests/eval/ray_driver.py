@@ -47,8 +47,8 @@ class Flaky:
 
 
 def flaky_factory(cfg: Any) -> Any:
-    from verispec.eval.runner import default_engine_factory
-    from verispec.eval.sweep import generation_seed
+    from verispec.eval.grid import generation_seed
+    from verispec.eval.run import default_engine_factory
 
     return Flaky(default_engine_factory(cfg), generation_seed(0, "toy", "toy/1"))
 

@@ -1,4 +1,4 @@
-"""verispec.eval.be_curves on hand-made DistLogs (no models): BE_traj, alpha, TV, paired differences and the
+"""verispec.studies.be_curves on hand-made DistLogs (no models): BE_traj, alpha, TV, paired differences and the
 trajectory bootstrap checked against closed forms.
 
 Closed forms of be_trajectory with a constant acceptance a and gamma >= 2 (enumerate the rounds by hand):
@@ -16,9 +16,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from verispec.eval.be_curves import Contrast, Curve, be_curves, paper_contrasts, paper_grid, shapes
 from verispec.eval.estimator import DistLog, Trajectory, estimate
-from verispec.eval.sweep import setting
+from verispec.eval.grid import setting
+from verispec.studies.be_curves import Contrast, Curve, be_curves, paper_contrasts, paper_grid, shapes
 
 torch.set_num_threads(1)
 
@@ -178,7 +178,7 @@ def test_paper_grid_and_every_paper_claim_resolve():
 
 
 def test_cli_writes_the_files(tmp_path):
-    from verispec.bench_cli import bench
+    from verispec.cli.bench import bench
 
     path = tmp_path / "dists.pt"
     _log().save(path)

@@ -9,9 +9,10 @@ import json
 import pandas as pd
 import pytest
 
+from verispec.eval.grid import COUPLINGS, SweepConfig, expand, generation_seed, parse_config
 from verispec.eval.report import shared_prefix, write_report
-from verispec.eval.runner import read_results, run_sweep
-from verispec.eval.sweep import COUPLINGS, SweepConfig, expand, generation_seed, parse_config
+from verispec.eval.run import run_sweep
+from verispec.eval.store import read_results
 
 
 def _cfg(coupling: str | None, **over) -> SweepConfig:
@@ -125,7 +126,7 @@ def test_shared_prefix_statistic():
 def test_demo_configs_differ_only_in_coupling():
     from pathlib import Path
 
-    from verispec.eval.sweep import load_config
+    from verispec.eval.grid import load_config
 
     repo = Path(__file__).resolve().parents[2]
     common = load_config(repo / "configs" / "coupling_demo.toml")

@@ -17,8 +17,9 @@ import torch
 
 from verispec.analysis import acceptance_probability
 from verispec.backends.hf import HFBackend
+from verispec.core.rules import get
+from verispec.core.sampling import SamplingConfig
 from verispec.drafters import ModelDrafter
-from verispec.engine import SpeculativeEngine
 from verispec.eval.estimator import (
     DistLog,
     be_iid,
@@ -28,8 +29,7 @@ from verispec.eval.estimator import (
     position_stats,
     round_check,
 )
-from verispec.processors import SamplingConfig
-from verispec.rules import get
+from verispec.runtime.engine import SpeculativeEngine
 from verispec.testing import tiny_qwen
 
 CFG = SamplingConfig(temperature=0.7)
@@ -162,7 +162,7 @@ def test_estimate_run_end_to_end_on_a_toy_sweep(tmp_path):
     import pandas as pd
 
     from verispec.eval.estimator import estimate_run
-    from verispec.eval.runner import run_sweep
+    from verispec.eval.run import run_sweep
 
     cfg = tmp_path / "toy.toml"
     cfg.write_text('name = "est"\nseeds = [0]\ngamma = 3\nmax_new_tokens = 24\n[models]\ntarget = "toy"\n'
@@ -194,7 +194,7 @@ def test_estimate_run_end_to_end_on_a_toy_sweep(tmp_path):
 def test_logged_p_uses_the_engines_penalty_history(pair):
     """With frequency and presence penalties the logged p_t equals the engine's: penalties over the
     generated tokens only (the prompt's tokens are not penalized by them)."""
-    from verispec.processors import History, SamplingConfig, process
+    from verispec.core.sampling import History, SamplingConfig, process
 
     target, draft = pair
     cfg = SamplingConfig(temperature=1.0, frequency_penalty=0.7, presence_penalty=0.3)

@@ -8,7 +8,10 @@ from statistics import NormalDist
 import pandas as pd
 import pytest
 
-from verispec.eval.power import (
+from verispec.eval.grid import parse_config
+from verispec.eval.report import load_frame
+from verispec.eval.run import run_sweep
+from verispec.studies.power import (
     CLAIMS,
     coupling_table,
     design_effect,
@@ -18,9 +21,6 @@ from verispec.eval.power import (
     paired_summary,
     power_table,
 )
-from verispec.eval.report import load_frame
-from verispec.eval.runner import run_sweep
-from verispec.eval.sweep import parse_config
 
 
 def test_n_required_formula():

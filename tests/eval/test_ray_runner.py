@@ -23,10 +23,11 @@ import pytest
 from click.testing import CliRunner
 
 import verispec
-from verispec.eval import runner
+from verispec.eval import run as runner
+from verispec.eval.grid import expand, load_config
 from verispec.eval.ray_runner import RayOptions, parse_ray_address
-from verispec.eval.runner import RESULTS, read_results, run_sweep
-from verispec.eval.sweep import expand, load_config
+from verispec.eval.run import run_sweep
+from verispec.eval.store import RESULTS, read_results
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "ray_driver.py"
@@ -214,7 +215,7 @@ ray start --head --port="$PORT" --include-dashboard=false --temp-dir="$T" $commo
 ray start --address="127.0.0.1:$PORT" $common > "$T/node.log" 2>&1
 "$PY" -c 'import sys, ray; ray.init(address=sys.argv[1], logging_level="WARNING");
 print("alive nodes:", sum(n["Alive"] for n in ray.nodes()))' "127.0.0.1:$PORT"
-"$PY" -m verispec.cli bench run "$CFG" --out "$OUT" --ray "127.0.0.1:$PORT" --no-progress
+"$PY" -m verispec.cli.main bench run "$CFG" --out "$OUT" --ray "127.0.0.1:$PORT" --no-progress
 """
 
 
@@ -247,7 +248,7 @@ def test_two_node_cluster_on_loopback(tmp_path):
 
 
 def test_cli_refuses_bad_ray_options(tmp_path):
-    from verispec.bench_cli import bench
+    from verispec.cli.bench import bench
 
     cfg = _toy(tmp_path / "toy.toml")
     out = str(tmp_path / "run")
@@ -277,7 +278,7 @@ def test_ray_options_validation():
 def test_local_runs_never_import_ray(tmp_path):
     """Ray is an optional extra: the CLI, the Ray runner module and a local run do not import it."""
     cfg = _toy(tmp_path / "toy.toml", seeds=(0,), limit=1)
-    code = ("import sys; from verispec.bench_cli import bench; import verispec.eval.ray_runner; "
+    code = ("import sys; from verispec.cli.bench import bench; import verispec.eval.ray_runner; "
             "from click.testing import CliRunner; "
             f"r = CliRunner().invoke(bench, ['run', {str(cfg)!r}, '--out', {str(tmp_path / 'run')!r}, "
             "'--no-progress']); assert r.exit_code == 0, r.output; print('ray' in sys.modules)")

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from verispec.bench_cli import bench
-from verispec.eval import runner
+from verispec.cli.bench import bench
+from verispec.eval import run as runner
+from verispec.eval.grid import parse_config
 from verispec.eval.report import balanced, first_difference, load_frame, paired_delta, select_problems, write_report
-from verispec.eval.runner import read_results, run_sweep
-from verispec.eval.sweep import parse_config
+from verispec.eval.run import run_sweep
+from verispec.eval.store import read_results
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from verispec.eval import runner
-from verispec.eval.runner import RESULTS, read_results, run_sweep
-from verispec.eval.sweep import PRESETS, expand, generation_seed, load_config, parse_config, setting
+from verispec.eval import run as runner
+from verispec.eval import store
+from verispec.eval.grid import PRESETS, expand, generation_seed, load_config, parse_config, setting
+from verispec.eval.run import run_sweep
+from verispec.eval.store import RESULTS, read_results
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,7 +123,7 @@ def test_restricted_to_settings_keeps_their_baselines_and_grid_order():
     ({"seeds": [0, 0]}, "distinct"),
     ({"temperature": -1}, "temperature"),
     ({"colour": "blue"}, "unknown key"),
-    ({"tasks": [{"name": "toy", "options": {"lenient": True}}]}, "takes no options"),
+    ({"tasks": [{"name": "toy", "options": {"lenient": True}}]}, "task .toy. does not take the option"),
     ({"tasks": [{"name": "bfcl", "options": {"lenent": True}}]}, "does not take the option"),
     ({"tasks": [{"name": "bfcl", "options": [1]}]}, "table of named values"),
 ])
@@ -254,7 +256,7 @@ def test_resume_guards(tmp_path):
     with pytest.raises(ValueError, match="different settings"):
         run_sweep(other, run_dir, progress=False)
     # a second runner on the same directory is refused while the first holds the lock
-    with runner._locked(run_dir), pytest.raises(RuntimeError, match="another"):
+    with runner.locked(run_dir), pytest.raises(RuntimeError, match="another"):
         run_sweep(cfg_path, run_dir, progress=False)
     # --limit / --tasks / --seeds shrink the grid; growing it later resumes into the same directory
     s = run_sweep(cfg_path, run_dir, progress=False)
@@ -351,7 +353,7 @@ def test_shards_split_the_grid_without_overlap(tmp_path):
     run_dir = tmp_path / "run"
     n_grid = 2 * 2 * 4
     run_dir.mkdir()
-    with runner._locked(run_dir, (1, 2)):
+    with runner.locked(run_dir, (1, 2)):
         # shard 1/2 is "running": shard 0/2 may start, a twin 1/2 and an unsharded run may not
         s0 = run_sweep(cfg_path, run_dir, progress=False, shard=(0, 2))
         with pytest.raises(RuntimeError, match="another"):
@@ -406,7 +408,7 @@ def test_shards_split_added_methods_evenly(tmp_path, n):
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "0/0", "-1/2"])
 def test_bad_shard_is_refused(text):
     with pytest.raises(ValueError, match="shard"):
-        runner.parse_shard(text)
+        store.parse_shard(text)
 
 
 def test_tree_sweep_end_to_end(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verispec import rules
-from verispec.eval.sweep import PAPER_PARAM_MAPS, PRESETS, SweepConfig, parse_config, record_rule
+from verispec.eval.grid import PAPER_PARAM_MAPS, PRESETS, SweepConfig, parse_config, record_rule
 
 
 def _cfg(**over):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.eval import runner
-from verispec.eval.sweep import SweepConfig, parse_config
+from verispec.eval import run as runner
+from verispec.eval.grid import SweepConfig, parse_config
 
 
 def _cfg(**models):

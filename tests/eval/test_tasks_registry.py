@@ -11,7 +11,7 @@ from verispec.eval.tasks import TASKS, Grade, Problem, Task, get_task
 
 
 def test_registry_and_interface():
-    assert set(TASKS) == {"humaneval", "gsm", "mgsm", "champ", "bfcl"}
+    assert set(TASKS) == {"humaneval", "gsm", "mgsm", "champ", "bfcl", "toy", "toy2"}
     for name in TASKS:
         task = get_task(name)
         assert isinstance(task, Task) and task.name == name

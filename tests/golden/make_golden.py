@@ -46,8 +46,9 @@ def run(config_text: str | None, engine_factory=None) -> list[dict]:
     """Run a sweep (``None``: configs/toy.toml) in a scratch directory and return its projected results."""
     import tomllib
 
-    from verispec.eval.runner import read_results, run_sweep
-    from verispec.eval.sweep import load_config, parse_config
+    from verispec.eval.grid import load_config, parse_config
+    from verispec.eval.run import run_sweep
+    from verispec.eval.store import read_results
 
     cfg = load_config(ROOT / "configs" / "toy.toml") if config_text is None else parse_config(
         tomllib.loads(config_text))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from verispec.processors import renormalize_on
-from verispec.rules import Rule, get
-from verispec.rules.collaborative import lenience_delta
+from verispec.core.rules import Rule, get
+from verispec.core.rules.collaborative import lenience_delta
+from verispec.core.sampling import renormalize_on
 
 __all__ = [
     "acceptance_probability",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from verispec.rules import Rule, get
+from verispec.core.rules import Rule, get
 
 __all__ = ["sequence_distribution"]
 

@@ -29,7 +29,7 @@ seeded generator:
 
 ``simulate`` returns one row per (strategy, parameter, triplet) with the mean and standard deviation (ddof = 1)
 over pairs; ``simulate_pairs`` returns the per-pair values. Everything is float64 and exact given the pairs.
-:func:`pair_terms` is the per-pair computation; :mod:`verispec.analysis.figure4_real` applies it to (p, q) pairs
+:func:`pair_terms` is the per-pair computation; :mod:`verispec.studies.figure4_real` applies it to (p, q) pairs
 logged from a real pair (docs/results/figure4_real).
 """
 
@@ -44,7 +44,7 @@ import torch
 
 from verispec.analysis.exact import acceptance_probability
 from verispec.analysis.truncation import allowed_set, lemma1
-from verispec.rules import Rule, get
+from verispec.core.rules import Rule, get
 
 __all__ = [
     "COLUMNS",

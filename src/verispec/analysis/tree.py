@@ -1,7 +1,7 @@
 """Exact analysis of tree verification (Appendix H of the lossy-verification paper): the per-position
 emitted distribution given the ordered candidate set (Lemma 3), a_lossless(C) vs a_lossy(C) (Corollary 1),
 the block efficiency of Proposition 2, and KL_EAGLE of Lemma 2. Float64, no sampling; a position is computed
-from the very step object the sampler uses (:class:`verispec.tree.PositionWalk`), and closed forms are given
+from the very step object the sampler uses (:class:`verispec.core.verify.tree.PositionWalk`), and closed forms are given
 next to them for the tests.
 """
 
@@ -16,8 +16,15 @@ import torch
 
 from verispec.analysis.exact import as_dist, kl
 from verispec.analysis.truncation import kl_eagle
-from verispec.rules import Rule, TruncationRule, get, matched_baseline
-from verispec.tree import PositionWalk, TokenTree, TypicalMode, _with_typical, check_tree_rule, tree_acceptance
+from verispec.core.rules import Rule, TruncationRule, get, matched_baseline
+from verispec.core.verify.tree import (
+    PositionWalk,
+    TokenTree,
+    TypicalMode,
+    _with_typical,
+    check_tree_rule,
+    tree_acceptance,
+)
 
 __all__ = [
     "PositionLaw",
@@ -62,7 +69,7 @@ def position_law(
     typical: TypicalMode | None = None,
 ) -> PositionLaw:
     """Lemma 3: the exact law of one position given the ordered candidates (and q for a sampled set), from the
-    walk's own step (:class:`verispec.tree.PositionWalk`): Pr[reach x(i)] = prod_{k<i} (1 - h_k),
+    walk's own step (:class:`verispec.core.verify.tree.PositionWalk`): Pr[reach x(i)] = prod_{k<i} (1 - h_k),
     Pr[accept x(i)] = Pr[reach x(i)] h_i, and the all-reject mass goes to the walk's bonus distribution.
     ``typical`` is the deprecated form of typical's ``acceptance`` parameter."""
     rule, p = _with_typical(_rule(rule), typical), as_dist(p)

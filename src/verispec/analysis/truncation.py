@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.analysis.exact import as_dist
-from verispec.processors import eta_mask, minp_mask, renormalize_on
+from verispec.core.sampling import eta_mask, minp_mask, renormalize_on
 
 __all__ = ["Lemma1", "allowed_set", "kl_eagle", "kl_sd", "lemma1"]
 

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from verispec.backends.base import ScoreRequest, common_prefix_len, plan_requests
-from verispec.schedule import interpolate_costs
+from verispec.core.schedule import interpolate_costs
 
 __all__ = ["DEFAULT_BLOCK_COSTS", "LlamaCppBackend", "llama_cpp_available"]
 

@@ -7,7 +7,7 @@ replacement share their parent's q), or ``q is None`` for a token-only proposal 
 drafting, top-k trees): the verifier then treats each candidate as one-hot (tutorial 3.3 / Appendix H.1).
 
 Drafters work on a batch of rows at once and own their adaptation: :meth:`BaseDrafter.update` receives every
-verified round, and ``gamma="auto"`` keeps an :class:`~verispec.schedule.AdaptiveGamma` per row, so adaptive
+verified round, and ``gamma="auto"`` keeps an :class:`~verispec.core.schedule.AdaptiveGamma` per row, so adaptive
 length works for every drafter.
 """
 
@@ -20,9 +20,9 @@ from typing import Protocol
 import torch
 
 from verispec.backends.base import chain_parents, is_chain
-from verispec.processors import History, SamplingConfig
-from verispec.rules import Rule
-from verispec.schedule import AdaptiveGamma
+from verispec.core.rules import Rule
+from verispec.core.sampling import History, SamplingConfig
+from verispec.core.schedule import AdaptiveGamma
 
 __all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "check_gamma"]
 

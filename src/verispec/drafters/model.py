@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
+from verispec.core.sampling import apply_penalties, process
+from verispec.core.verify.chain import sample_categorical
 from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
-from verispec.processors import apply_penalties, process
-from verispec.verify import sample_categorical
 
 __all__ = ["ModelDrafter"]
 

@@ -4,7 +4,7 @@ depth level for all rows.
 Static tree (``budget=None``): every node up to the depth gets its ``top_k`` most probable children under q,
 examined in descending q (a greedy, token-only candidate set, as in Appendix H.1). With ``sample=True`` (and
 temperature > 0) children are instead drawn one after another without replacement from q, and q is kept for
-the recursive rejection sampling of :mod:`verispec.tree`.
+the recursive rejection sampling of :mod:`verispec.core.verify.tree`.
 
 Dynamic tree (``budget=N``, EAGLE-2 style): at each depth only the ``width`` most probable nodes of the level
 (by path probability, the product of q along the path) are expanded, each into its ``top_k`` most probable
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
+from verispec.core.sampling import History, process
+from verispec.core.verify.chain import sample_categorical
 from verispec.drafters.base import DraftRequest, Proposal
 from verispec.drafters.model import ModelDrafter
-from verispec.processors import History, process
-from verispec.verify import sample_categorical
 
 __all__ = ["TreeDrafter"]
 

@@ -6,7 +6,7 @@ baseline.
 Logging (:func:`log_distributions`). A trajectory is (prompt ids, continuation ids), e.g. an output the
 engine produced (lossless SD output is distributed as the target's own sampling). One full forward of the
 target and one of the draft over prompt + continuation give, at every continuation position t, the logits
-conditioned on the reference prefix; they go through :func:`verispec.processors.process` with the sampling
+conditioned on the reference prefix; they go through :func:`verispec.core.sampling.process` with the sampling
 config of the run (penalties use the prefix's token counts), giving p_t and q_t exactly as the engine
 computes them before the rule's draft transform.
 
@@ -60,9 +60,14 @@ from typing import Any
 import torch
 
 from verispec.analysis import induced_distribution, kl, tv
+from verispec.backends.base import ScoreRequest
+from verispec.core.rules import Rule, get, matched_baseline
+from verispec.core.sampling import History, SamplingConfig, process
+from verispec.eval.grid import SweepConfig, expand
 from verispec.eval.metrics import record_emitted_accepted
-from verispec.processors import History, SamplingConfig, process
-from verispec.rules import Rule, get, matched_baseline
+from verispec.eval.run import default_engine_factory, encode_problem, load_problems
+from verispec.eval.store import read_results
+from verispec.eval.tasks import get_task
 
 __all__ = [
     "DistLog",
@@ -149,7 +154,6 @@ def _logits(model: Any, ids: list[int], n: int) -> torch.Tensor:
     such as :class:`~verispec.backends.llamacpp.LlamaCppBackend` (scored in a row of its own, removed after).
     """
     if not isinstance(model, torch.nn.Module):
-        from verispec.backends.base import ScoreRequest
 
         row = model.add_row()
         try:
@@ -343,7 +347,6 @@ def log_records(cfg: Any, recs: Sequence[dict], cache: str | Path, *, top_k: int
     """Log p and q along the outputs ``recs`` (result records of a sweep with config ``cfg``) into the
     :class:`DistLog` cached at ``cache`` (resumable: records already there are skipped; saved every
     ``save_every`` records and at the end); the models are built only if something is left to log."""
-    from verispec.eval.runner import default_engine_factory, encode_problem, get_task
 
     say = say or (lambda s: None)
     cache = Path(cache)
@@ -388,8 +391,6 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
 
     import pandas as pd
 
-    from verispec.eval.runner import read_results
-    from verispec.eval.sweep import SweepConfig
 
     say = log or (lambda s: None)
     run_dir = Path(run_dir)
@@ -404,8 +405,6 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
     if max_per_setting is not None:
         # the first N (task, problem, seed) groups, every setting's output on them: like for like across settings
         # in the grid's unit order (a batched run writes lines in completion order, not grid order)
-        from verispec.eval.runner import load_problems
-        from verispec.eval.sweep import expand
 
         present = {(r["task"], r["problem_id"], r["seed"]) for r in recs}
         units = expand(cfg, {k: [p.id for p in v] for k, v in load_problems(cfg).items()})

@@ -1,9 +1,9 @@
 """Run a sweep on a Ray cluster: units are spread over a pool of Ray actors, the driver writes the results.
 
 Each worker is a Ray actor (:class:`UnitWorker`) that loads the engine once and then runs units with the local
-runner's :class:`~verispec.eval.runner.UnitExecutor` (:func:`~verispec.eval.runner.run_unit`), one unit at a
+runner's :class:`~verispec.eval.run.UnitExecutor` (:func:`~verispec.eval.run.run_unit`), one unit at a
 time. The driver is the only writer of the run directory: it finds the pending units with
-:func:`~verispec.eval.runner.open_run` (same lock, settings check, torn-line repair and resume as a local run),
+:func:`~verispec.eval.run.open_run` (same lock, settings check, torn-line repair and resume as a local run),
 and appends each result line to ``results.jsonl`` with the local runner's writer (one ``write``, flush and
 ``fsync`` per line) as soon as it arrives. So a Ray run directory is a local run directory: resume (with or
 without Ray), ``--shard``, ``bench report`` and ``bench estimate`` read it unchanged. A unit is a pure function
@@ -36,18 +36,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verispec.eval.runner import (
+from verispec.eval.grid import SweepConfig, WorkUnit
+from verispec.eval.run import (
     EngineFactory,
     RunPlan,
     RunSummary,
     UnitExecutor,
-    _append,
     _progress,
     default_engine_factory,
-    log_failure,
     open_run,
 )
-from verispec.eval.sweep import SweepConfig, WorkUnit
+from verispec.eval.store import append_line, log_failure
 from verispec.eval.tasks.base import Problem
 
 __all__ = ["RayOptions", "RaySummary", "UnitWorker", "parse_ray_address", "run_sweep_ray"]
@@ -131,7 +130,7 @@ class UnitWorker:
         return {"host": socket.gethostname(), "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
     def run(self, unit: WorkUnit) -> dict:
-        """The unit's result line (:func:`~verispec.eval.runner.run_unit`)."""
+        """The unit's result line (:func:`~verispec.eval.run.run_unit`)."""
         return self.execute(unit)
 
 
@@ -299,7 +298,7 @@ class _Pool:
         else:
             if rec.get("key") != unit.key or unit.key in self.written:
                 raise RuntimeError(f"worker returned {rec.get('key')!r} for unit {unit.key!r}")  # a bug, not data
-            _append(out, rec)
+            append_line(out, rec)
             self.written.add(unit.key)
             self.ran[_where(info)] += 1
             s.completed += 1
@@ -354,7 +353,7 @@ def run_sweep_ray(
     log: Callable[[str], None] | None = None,
     methods: Sequence[str] | None = None,
 ) -> RaySummary:
-    """Run (or resume) a sweep into ``out_dir`` on Ray; arguments as :func:`~verispec.eval.runner.run_sweep`
+    """Run (or resume) a sweep into ``out_dir`` on Ray; arguments as :func:`~verispec.eval.run.run_sweep`
     (no ``shard``: Ray spreads the units), plus ``options`` (:class:`RayOptions`). ``engine_factory`` must be
     importable on the workers (a module-level function); default: the configured pair.
 

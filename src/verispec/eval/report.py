@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from verispec.eval.metrics import record_accepted_fraction, record_emitted_accepted
-from verispec.eval.runner import read_results
+from verispec.eval.store import read_results
 
 __all__ = ["balanced", "compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs",
            "paired_delta", "per_seed", "per_setting", "problem_numbers", "select_problems", "shared_prefix",

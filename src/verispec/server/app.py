@@ -28,8 +28,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from verispec.engine import Engine
-from verispec.scheduler import Handle
+from verispec.runtime.engine import Engine
+from verispec.runtime.scheduler import Handle
+from verispec.runtime.text import TextStream
 from verispec.server.metrics import ServerMetrics
 from verispec.server.protocol import (
     APIError,
@@ -42,7 +43,6 @@ from verispec.server.protocol import (
 )
 from verispec.server.responses import Reply, sse, verispec_block
 from verispec.server.worker import Job, Worker
-from verispec.streaming import TextStream
 
 __all__ = ["Generation", "ServerState", "create_app"]
 

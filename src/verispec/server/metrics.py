@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from verispec.engine import GenerationResult
+from verispec.runtime.types import GenerationResult
 
 __all__ = ["ServerMetrics"]
 

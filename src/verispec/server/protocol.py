@@ -1,7 +1,7 @@
 """OpenAI request bodies -> validated verispec settings, with errors that name the offending field.
 
 Supported fields (both endpoints): ``model``, ``temperature`` (default
-:data:`verispec.config.DEFAULT_TEMPERATURE`, 0 = greedy), ``top_p``, ``max_tokens`` (chat also
+:data:`verispec.defaults.DEFAULT_TEMPERATURE`, 0 = greedy), ``top_p``, ``max_tokens`` (chat also
 ``max_completion_tokens``), ``stop`` (a string or a list), ``seed`` (default: a fresh random seed per request),
 ``frequency_penalty``, ``presence_penalty``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``; the
 vLLM-style extensions ``top_k``, ``min_p``, ``repetition_penalty``; and verispec's own ``verification``
@@ -22,11 +22,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from verispec import rules
-from verispec.config import DEFAULT_TEMPERATURE
-from verispec.engine import Engine, Request
-from verispec.processors import SamplingConfig
-from verispec.tree import check_tree_rule
+from verispec.core import rules
+from verispec.core.sampling import SamplingConfig
+from verispec.core.verify.tree import check_tree_rule
+from verispec.defaults import DEFAULT_TEMPERATURE
+from verispec.runtime.engine import Engine
+from verispec.runtime.types import Request
 
 __all__ = [
     "MAX_GAMMA",

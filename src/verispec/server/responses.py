@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from verispec.engine import GenerationResult
-from verispec.rules import Rule
+from verispec.core.rules import Rule
+from verispec.runtime.types import GenerationResult
 
 __all__ = ["Reply", "sse", "verispec_block"]
 

@@ -3,7 +3,7 @@
 Every use of the engine (tokenizing a prompt, ``Engine.start`` inside ``Scheduler.submit``, rounds, releasing
 rows, detokenizing in the listeners) happens on this thread, so the engine and its KV caches never see two
 threads at once. HTTP handlers hand over a :class:`Job` (a ``build`` function that returns the
-:class:`~verispec.engine.Request`, run here at once, plus a :class:`JobListener`) and are told what happens
+:class:`~verispec.runtime.engine.Request`, run here at once, plus a :class:`JobListener`) and are told what happens
 through the listener, always from this thread:
 
 - ``admitted()``: ``build`` succeeded; the request waits for a batch slot or runs;
@@ -30,8 +30,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from verispec.engine import Engine, Request
-from verispec.scheduler import Handle, Scheduler
+from verispec.runtime.engine import Engine
+from verispec.runtime.scheduler import Handle, Scheduler
+from verispec.runtime.types import Request
 
 __all__ = ["Job", "JobListener", "Worker"]
 
@@ -61,7 +62,7 @@ class Job:
 
 
 class Worker:
-    """Owns a :class:`~verispec.scheduler.Scheduler` over ``engine`` and steps it on a background thread.
+    """Owns a :class:`~verispec.runtime.scheduler.Scheduler` over ``engine`` and steps it on a background thread.
 
     ``observe(worker)`` is called on the worker thread after every admission pass and round (metrics gauges);
     ``on_round_error(exc)`` after a round that raised.

@@ -9,7 +9,7 @@ Each task module keeps its prompt and its grader together. Common interface::
 Tasks: ``humaneval`` (164, graded by running hidden tests in ``verispec.eval.sandbox``),
 ``gsm`` (100 English GSM8K test questions), ``mgsm`` (the same questions in 17 other languages),
 ``champ`` (270 competition-math problems), ``bfcl`` (simple/multiple/parallel/parallel_multiple
-Python function calling, 400/200/200/200).
+Python function calling, 400/200/200/200); ``toy`` and ``toy2`` (fake tasks for tiny random models).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from verispec.eval.tasks.champ import ChampTask
 from verispec.eval.tasks.gsm import GSMTask
 from verispec.eval.tasks.humaneval import HumanEvalTask
 from verispec.eval.tasks.mgsm import MGSMTask
+from verispec.eval.tasks.toy import ToyTask
 
 TASKS: dict[str, Callable[[], Task]] = {
     "humaneval": HumanEvalTask,
@@ -29,6 +30,9 @@ TASKS: dict[str, Callable[[], Task]] = {
     "mgsm": MGSMTask,
     "champ": ChampTask,
     "bfcl": BFCLTask,
+    # fake tasks for tiny random models (tests, dry runs)
+    "toy": ToyTask,
+    "toy2": lambda: ToyTask("toy2", 12),
 }
 
 

@@ -7,9 +7,9 @@ from typing import ClassVar, Literal
 
 import torch
 
-from verispec.processors import eta_mask, minp_mask, renormalize_on
-from verispec.rules.base import ReferenceRule, Rule, positive_residual, ratio_acceptance
-from verispec.rules.validate import check_delta, check_epsilon, check_p_base
+from verispec.core.rules.base import ReferenceRule, Rule, positive_residual, ratio_acceptance
+from verispec.core.rules.validate import check_delta, check_epsilon, check_p_base
+from verispec.core.sampling import eta_mask, minp_mask, renormalize_on
 
 __all__ = ["DRAFT_TRUNCATIONS", "EtaSampling", "Lossless", "MinPSampling", "NaiveResample"]
 

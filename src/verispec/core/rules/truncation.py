@@ -8,9 +8,9 @@ from typing import ClassVar, Literal
 
 import torch
 
-from verispec.processors import eta_mask, eta_threshold, minp_mask, renormalize_on
-from verispec.rules.base import Rule, positive_residual
-from verispec.rules.validate import check_delta, check_epsilon, check_p_base
+from verispec.core.rules.base import Rule, positive_residual
+from verispec.core.rules.validate import check_delta, check_epsilon, check_p_base
+from verispec.core.sampling import eta_mask, eta_threshold, minp_mask, renormalize_on
 
 __all__ = ["ACCEPTANCE_FORMS", "SpecCascade", "Typical", "TruncationRule"]
 

@@ -8,9 +8,9 @@ from typing import ClassVar
 
 import torch
 
-from verispec.processors import minp_mask
-from verispec.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule, positive_residual, ratio_acceptance
-from verispec.rules.validate import _finite, check_l, check_lam, check_p_base
+from verispec.core.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule, positive_residual, ratio_acceptance
+from verispec.core.rules.validate import _finite, check_l, check_lam, check_p_base
+from verispec.core.sampling import minp_mask
 
 __all__ = [
     "AdaptiveInterpolation",
@@ -110,7 +110,7 @@ class OvershootCeiling(UnnormalizedReferenceRule):
     """Ablation of section 4 ("overshoot ceiling", Table 1): P = lam p + (1 - lam) q where q <= p/lam, else p/lam.
 
     P is not normalized in general; ``realization`` says how it is run (see
-    :class:`~verispec.rules.base.UnnormalizedReferenceRule`): "normalized" (default) induces P / sum(P) exactly;
+    :class:`~verispec.core.rules.base.UnnormalizedReferenceRule`): "normalized" (default) induces P / sum(P) exactly;
     "residual" (h = min(1, P/q), r = norm([P - q]+)) induces q + (R / TV)(p - q) on q <= p, an adaptive
     coefficient again, not the lam p + (1 - lam) q Section 4 writes. Table 6's ceiling (row 4) is the
     ``ceiling`` rule.
@@ -137,7 +137,7 @@ class AdaptiveInterpolation(UnnormalizedReferenceRule):
     """Ablation of section 4 ("adaptive interpolation", Table 1): P = q + Delta (p - q) where q <= p, with Delta
     of Eq. 11 computed with l = lam, and the CoS mixture lam p + (1 - lam) q (Eq. 2) where q > p.
 
-    Not normalized in general; ``realization`` (see :class:`~verispec.rules.base.UnnormalizedReferenceRule`):
+    Not normalized in general; ``realization`` (see :class:`~verispec.core.rules.base.UnnormalizedReferenceRule`):
     "normalized" (default) induces P / sum(P), Delta included; "residual" (h = min(1, P/q),
     r = norm([P - q]+), falling back to norm([p - q]+) when Delta = 0) induces exactly CoS-WE(lam), Eq. 8:
     Delta never acts (docs/paper_notes.md).

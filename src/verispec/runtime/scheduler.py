@@ -4,7 +4,7 @@ The evaluation harness, :meth:`Engine.generate` and the HTTP server all drive th
 requests (validated at once: bad input raises ValueError and never reaches the batch), call :meth:`step`
 (admit waiting requests up to ``max_batch``, run one engine round for every running row, retire finished
 rows) until :attr:`idle`. Each :class:`Handle` collects its tokens as they are committed and, when done, its
-:class:`~verispec.engine.GenerationResult`; an ``on_tokens`` callback sees every round's new tokens (streaming).
+:class:`~verispec.runtime.engine.GenerationResult`; an ``on_tokens`` callback sees every round's new tokens (streaming).
 Thread-safe: one thread may step while others submit or cancel.
 """
 
@@ -14,8 +14,12 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from verispec.engine import Engine, GenerationResult, Metrics, Request, Row
+from verispec.runtime.types import GenerationResult, Metrics, Request, Row
+
+if TYPE_CHECKING:  # the engine drives rows through a scheduler; the scheduler only names its type
+    from verispec.runtime.engine import Engine
 
 __all__ = ["Handle", "Scheduler"]
 
@@ -43,7 +47,7 @@ class Handle:
 
 
 class Scheduler:
-    """Waiting queue + running batch over an :class:`~verispec.engine.Engine` (see the module docstring)."""
+    """Waiting queue + running batch over an :class:`~verispec.runtime.engine.Engine` (see the module docstring)."""
 
     def __init__(self, engine: Engine, max_batch: int = 8) -> None:
         if max_batch < 1:

@@ -21,8 +21,8 @@ reference trajectories of a run, one pair per logged position, and sets them nex
 
 Command line (the models are needed for ``log`` only)::
 
-    python3 -m verispec.analysis.figure4_real log docs/results/paper_small --out PATH/dists.pt --per-task 8
-    python3 -m verispec.analysis.figure4_real report PATH/dists.pt --out docs/results/figure4_real
+    python3 -m verispec.studies.figure4_real log docs/results/paper_small --out PATH/dists.pt --per-task 8
+    python3 -m verispec.studies.figure4_real report PATH/dists.pt --out docs/results/figure4_real
 """
 
 from __future__ import annotations
@@ -49,7 +49,13 @@ from verispec.analysis.simulation import (
     simulate,
     summarize,
 )
-from verispec.processors import entropy, minp_mask
+from verispec.core.sampling import entropy, minp_mask
+from verispec.eval.estimator import DistLog, _models, be_trajectory, estimate, log_distributions, log_records
+from verispec.eval.grid import SweepConfig, record_rule
+from verispec.eval.metrics import record_emitted_accepted
+from verispec.eval.run import default_engine_factory, encode_problem, load_problems
+from verispec.eval.store import read_results
+from verispec.eval.tasks import get_task
 
 __all__ = [
     "ablation_variants",
@@ -79,8 +85,6 @@ GAMMA = 5
 def select_reference(run_dir: str | Path, per_task: int = 8, seed: int = 0, method: str = "lossless") -> list[dict]:
     """The result lines of ``method`` (default lossless) with ``seed`` on the first ``per_task`` problems of every
     task of the run, in the config's problem order."""
-    from verispec.eval.runner import load_problems, read_results
-    from verispec.eval.sweep import SweepConfig
 
     run_dir = Path(run_dir)
     cfg = SweepConfig.from_json(json.loads((run_dir / "config.json").read_text()))
@@ -101,8 +105,6 @@ def log_reference(run_dir: str | Path, out_path: str | Path, *, per_task: int = 
     """Log p, q along :func:`select_reference`'s outputs (``method``'s, lossless by default) with the run's own
     models and sampling settings (resumable: trajectories already in ``out_path`` are kept); returns the
     :class:`DistLog`."""
-    from verispec.eval.estimator import log_records
-    from verispec.eval.sweep import SweepConfig
 
     run_dir = Path(run_dir)
     cfg = SweepConfig.from_json(json.loads((run_dir / "config.json").read_text()))
@@ -163,7 +165,6 @@ def real_pairs(p: torch.Tensor, q: torch.Tensor, keys: Sequence[str] | None = No
 def _be(per_pos: pd.DataFrame, column: str, gamma: int) -> float:
     """Pooled BE_traj (expected accepted drafts / expected rounds) over the trajectories of ``per_pos``, with
     the per-position acceptance in ``column``."""
-    from verispec.eval.estimator import be_trajectory
 
     acc = rounds = 0.0
     for _, g in per_pos.groupby("key", sort=False):
@@ -296,9 +297,6 @@ def dense_check(run_dir: str | Path, keys: Sequence[str], *, top_k: int = 64, th
     compare the position means of gain, loss and net: one row per (strategy, parameter) with both and their
     difference. Measures the error the "other" bin adds to the figure (dense rows cost V floats each: use short
     trajectories)."""
-    from verispec.eval.estimator import DistLog, _models, log_distributions
-    from verispec.eval.runner import default_engine_factory, encode_problem, get_task, read_results
-    from verispec.eval.sweep import SweepConfig
 
     run_dir = Path(run_dir)
     cfg = SweepConfig.from_json(json.loads((run_dir / "config.json").read_text()))
@@ -347,9 +345,6 @@ def trajectory_effect(logs: dict[str, Any], rules_: Sequence[Any], gamma: int = 
     the lossless outputs and the min-p baseline's own outputs of the same problems and seed) and each rule,
     :func:`~verispec.eval.estimator.estimate`'s mean alpha and BE_traj along those trajectories; with ``run_dir``
     also the measured BE of the logged units (emitted accepted drafts per round, pooled)."""
-    from verispec.eval.estimator import estimate
-    from verispec.eval.metrics import record_emitted_accepted
-    from verispec.eval.runner import read_results
 
     recs = {r["key"]: r for r in read_results(run_dir)} if run_dir is not None else {}
     rows = []
@@ -468,7 +463,6 @@ def report(log_path: str | Path, out_dir: str | Path, *, n_pairs: int = 500, see
     ``ablation.png``, and with ``other_log`` (the min-p baseline's own outputs, logged the same way)
     ``trajectory_effect.csv`` (lossless and the baseline as run along both sets of outputs, measured BE from
     ``run_dir``)."""
-    from verispec.eval.estimator import DistLog
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -501,8 +495,6 @@ def report(log_path: str | Path, out_dir: str | Path, *, n_pairs: int = 500, see
         stats.append(shapes.assign(source="ablation: " + shapes["source"]))
     pd.concat(stats, ignore_index=True).to_csv(paths["stats"], index=False, float_format="%.6g")
     if other_log is not None:
-        from verispec.eval.runner import read_results
-        from verispec.eval.sweep import record_rule
 
         if run_dir is None:
             raise ValueError("other_log needs run_dir (the rules the logged outputs ran with)")
@@ -517,7 +509,7 @@ def report(log_path: str | Path, out_dir: str | Path, *, n_pairs: int = 500, see
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m verispec.analysis.figure4_real", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m verispec.studies.figure4_real", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     lg = sub.add_parser("log", help="log p, q along a run's lossless outputs (needs the run's models)")
     lg.add_argument("run_dir")

@@ -27,7 +27,7 @@ to p_Theta (the distribution the tree verifier scores), keep p~ = p_Theta throug
 (Lemma 3(ii)); typical's ``acceptance`` parameter picks Eq. 28's indicator or its fractional reading
 min{p_Theta(x) / tau, 1}, tau = min(eps, delta e^{-H(p_Theta)}).
 
-Every uniform is float64; every token is drawn with :func:`verispec.verify.sample_categorical`.
+Every uniform is float64; every token is drawn with :func:`verispec.core.verify.chain.sample_categorical`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Literal
 
 import torch
 
-from verispec.rules import Rule, TruncationRule
-from verispec.verify import sample_categorical
+from verispec.core.rules import Rule, TruncationRule
+from verispec.core.verify.chain import sample_categorical
 
 __all__ = [
     "PositionWalk",

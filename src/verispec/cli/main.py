@@ -14,7 +14,7 @@ import math
 
 import click
 
-from verispec.config import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
+from verispec.defaults import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
 
 __all__ = ["main"]
 
@@ -74,7 +74,7 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
 
     from verispec import rules
     from verispec.analysis import acceptance_probability, induced_distribution, kl, tv
-    from verispec.rules.lossless import Lossless
+    from verispec.core.rules.lossless import Lossless
 
     if len(p_vals) != len(q_vals):
         raise ValueError(f"--p has {len(p_vals)} entries but --q has {len(q_vals)}; they must have the same length")
@@ -231,7 +231,7 @@ def rules_cmd(as_json: bool) -> None:
 @click.option("--from-log", "from_log", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Also evaluate Lemma 1 on the real (p, q) pairs of an offline-estimator DistLog (dists.pt) and "
                    "write figure4_real.csv/.png, pair_stats.csv, ablation.csv/.png next to the simulation "
-                   "(verispec.analysis.figure4_real).")
+                   "(verispec.studies.figure4_real).")
 @click.option("--other-log", default=None, type=click.Path(dir_okay=False, exists=True),
               help="With --from-log: a DistLog of the min-p baseline's own outputs (trajectory_effect.csv).")
 @click.option("--run-dir", default=None, type=click.Path(file_okay=False, exists=True),
@@ -248,7 +248,7 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
         if from_log is not None:
             if q_tail != 0.0:
                 raise ValueError("--q-tail applies to the plain simulation; --from-log compares with the default")
-            from verispec.analysis import figure4_real
+            from verispec.studies import figure4_real
 
             paths = list(figure4_real.report(from_log, out_dir, n_pairs=n_pairs, seed=seed, other_log=other_log,
                                              run_dir=run_dir).values())
@@ -318,8 +318,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     """
     from verispec import models, rules
     from verispec.api import load_engine
-    from verispec.engine import Request
-    from verispec.processors import SamplingConfig
+    from verispec.core.sampling import SamplingConfig
+    from verispec.runtime.types import Request
 
     if max_new_tokens is None:
         max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else PLAIN_MAX_NEW_TOKENS
@@ -360,8 +360,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
 def _run_streaming(engine: object, request: object, echo: bool) -> object:
     """Run one request through a Scheduler; with ``echo``, print its text as rounds commit tokens (stdout,
     flushed; held back across partial characters and possible stop strings, never past a stop string)."""
-    from verispec.scheduler import Scheduler
-    from verispec.streaming import TextStream
+    from verispec.runtime.scheduler import Scheduler
+    from verispec.runtime.text import TextStream
 
     text = TextStream(engine.decode, request.stop)  # type: ignore[attr-defined]
 
@@ -478,7 +478,7 @@ def models_status() -> None:
 
 # ----------------------------------------------------------------------------------------------- bench
 def _register_bench() -> None:
-    from verispec.bench_cli import bench
+    from verispec.cli.bench import bench
 
     main.add_command(bench)
 

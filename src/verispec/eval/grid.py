@@ -38,7 +38,7 @@ A config (see ``configs/*.toml``)::
     params = "paper"                   # the paper's grid for this rule (PRESETS)
 
 A method without ``params`` runs the rule with its defaults. Every lossy setting is paired with its matched
-baseline (:func:`verispec.rules.matched_baseline`: spec-cascade -> minp-sampling with the same p_base,
+baseline (:func:`verispec.core.rules.matched_baseline`: spec-cascade -> minp-sampling with the same p_base,
 typical -> eta-sampling with the same epsilon/delta, every other lossy rule -> lossless), added to the grid
 when absent.
 
@@ -81,10 +81,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from verispec import rules
-from verispec.config import DEFAULT_TEMPERATURE, TARGET_BACKENDS
-from verispec.config import DRAFTERS as _DRAFTER_SPECS
-from verispec.processors import SamplingConfig
+from verispec.core import rules
+from verispec.core.sampling import SamplingConfig
+from verispec.core.verify.tree import check_tree_rule
+from verispec.defaults import DEFAULT_TEMPERATURE, TARGET_BACKENDS
+from verispec.defaults import DRAFTERS as _DRAFTER_SPECS
+from verispec.eval.tasks import get_task
 
 __all__ = [
     "PAPER_PARAM_MAPS",
@@ -101,6 +103,7 @@ __all__ = [
     "parse_config",
     "record_rule",
     "setting",
+    "shard_units",
 ]
 
 # The paper's grids (Tables 1, 4, 5, 6): min-p p_base 0.1..0.9 step 0.2, eta epsilon 0.05..0.25 step 0.05,
@@ -132,7 +135,8 @@ LEGACY_DRAFT_TRUNCATION = "same"
 COUPLINGS = ("common", "independent")
 LEGACY_COUPLING = "common"
 PAPER_SEEDS = [0, 1, 2]
-# drafters a sweep may use (verispec.config.DRAFTERS); "tree": default tree of depth gamma, per_round (depth, accepted)
+# drafters a sweep may use (verispec.defaults.DRAFTERS); "tree": default tree of depth gamma, per_round
+# (depth, accepted)
 DRAFTERS = tuple(_DRAFTER_SPECS)
 DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if spec.uses_draft_model)
 
@@ -417,10 +421,6 @@ def _check_keys(where: str, got: Mapping, allowed: set[str]) -> None:
 
 def _check_task_options(name: str, options: Mapping[str, object]) -> None:
     """ValueError unless the task's constructor takes ``options`` (built once here, so a typo fails at parse)."""
-    from verispec.eval.runner import (
-        get_task,  # the runner's lookup (toy tasks included); imported late: runner imports sweep
-    )
-
     try:
         get_task(name, **options)
     except KeyError as exc:
@@ -519,7 +519,6 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table
     if drafter == "tree":  # refuse now rather than fail every unit of an unsupported rule
-        from verispec.tree import check_tree_rule
 
         for m in methods:
             check_tree_rule(m.build())
@@ -618,3 +617,22 @@ def grid_size(cfg: SweepConfig, problem_ids: Mapping[str, Sequence[str]]) -> int
 
 def is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def shard_units(units: Sequence[WorkUnit], shard: tuple[int, int]) -> list[WorkUnit]:
+    """Shard I of N's share of the grid ``units`` (in grid order): the methods of each (seed, problem, task) block
+    are dealt round-robin over the N shards, starting at shard ``block index mod N``. Every block's methods and
+    every method's blocks are spread evenly, so a method added to a finished grid is split over the shards too
+    (dealing every N-th unit of the grid gave all of a new method's units to one shard whenever the number of
+    methods was a multiple of N). The split depends only on the grid, so concurrent shards never overlap."""
+    i, n = shard
+    out: list[WorkUnit] = []
+    block, pos, prev = -1, 0, None
+    for u in units:
+        here = (u.seed, u.problem_id, u.task)
+        if here != prev:
+            block, pos, prev = block + 1, 0, here
+        if (block + pos) % n == i:
+            out.append(u)
+        pos += 1
+    return out

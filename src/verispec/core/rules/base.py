@@ -1,8 +1,9 @@
 """The shape of a verification rule: acceptance probability h + correction distribution r.
 
-A rule is data. :func:`verispec.verify.verify_block` samples any rule, and
+A rule is data. :func:`verispec.core.verify.chain.verify_block` samples any rule, and
 :func:`verispec.analysis.induced_distribution` computes exactly what any rule induces, both from the same
-two functions; the tree walk (:mod:`verispec.tree`) and its exact analysis share one step built from them too.
+two functions; the tree walk (:mod:`verispec.core.verify.tree`) and its exact analysis share one step built from
+them too.
 All tensors are batched over leading dimensions with the vocabulary last; p and q are normalized probabilities
 (float64 recommended).
 """
@@ -31,7 +32,7 @@ TreeRejection = Literal["residual", "keep"]
 def ratio_acceptance(ref: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """h = min(1, ref / q), with h = 0 where q = 0: a token its draft gives no mass cannot have been drafted from
     it, so it is rejected (vLLM's rejection sampler does the same). The value there never enters an induced
-    distribution (it is multiplied by q = 0); :func:`verispec.verify.verify_block` also enforces it for every
+    distribution (it is multiplied by q = 0); :func:`verispec.core.verify.chain.verify_block` also enforces it for every
     rule."""
     safe_q = torch.where(q > 0, q, torch.ones_like(q))
     return torch.where(q > 0, torch.clamp(ref / safe_q, max=1.0), torch.zeros_like(q))
@@ -100,7 +101,7 @@ class Rule:
 
     def greedy_reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """The distribution whose argmax deterministic (temperature-0) verification emits, from the UNtempered
-        p and q (:func:`verispec.verify.verify_greedy_rule`): the draft is accepted iff it is this argmax.
+        p and q (:func:`verispec.core.verify.chain.verify_greedy_rule`): the draft is accepted iff it is this argmax.
 
         Default: what the rule induces at one position (:meth:`induced`), so greedy mode emits the mode of the
         rule's own law: p (p_Theta) for lossless rules, Eq. 8's mixture for CoS-WE, Eq. 10 for lenience,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from verispec.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule
-from verispec.rules.collaborative import (
+from verispec.core.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule
+from verispec.core.rules.collaborative import (
     AdaptiveInterpolation,
     Ceiling,
     CosCD,
@@ -21,8 +21,8 @@ from verispec.rules.collaborative import (
     MinPCap,
     OvershootCeiling,
 )
-from verispec.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
-from verispec.rules.truncation import SpecCascade, TruncationRule, Typical
+from verispec.core.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
+from verispec.core.rules.truncation import SpecCascade, TruncationRule, Typical
 
 __all__ = [
     "REGISTRY",

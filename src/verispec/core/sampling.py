@@ -88,7 +88,8 @@ class SamplingConfig:
 
     def untempered(self) -> SamplingConfig:
         """The same penalties at temperature 1 without truncation: the models' own distributions, which the
-        deterministic temperature-0 reading of a lossy rule compares (:func:`verispec.verify.verify_greedy_rule`)."""
+        deterministic temperature-0 reading of a lossy rule compares
+        (:func:`verispec.core.verify.chain.verify_greedy_rule`)."""
         return replace(self, temperature=1.0, top_k=None, top_p=None, min_p=None, eta=None, eta_delta=None)
 
 

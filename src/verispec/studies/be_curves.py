@@ -6,7 +6,7 @@ rounds along each trajectory (:func:`~verispec.eval.estimator.be_trajectory`). :
 grid of (rule, parameter) settings on a log with exactly those functions and aggregates them the way
 :func:`~verispec.eval.estimator.estimate` does (BE_traj = sum of expected accepted / sum of expected rounds over
 the trajectories; alpha, KL, TV = means over positions), per task (the key's prefix before the first "|", e.g.
-``humaneval|HumanEval/0|lossless|s0`` -> humaneval, as in :mod:`verispec.analysis.figure4_real`) and pooled.
+``humaneval|HumanEval/0|lossless|s0`` -> humaneval, as in :mod:`verispec.studies.figure4_real`) and pooled.
 
 What the numbers are: expected BE (emitted accepted drafts per target call, gamma drafts per round) of each
 rule along the LOGGED trajectories. With a log of lossless outputs these are the target's own samples, so the
@@ -20,12 +20,12 @@ setting, so paired differences (a setting minus its reference, a parameter value
 averages over a grid) are bootstrapped jointly. The spread is over trajectories only: the estimator's numbers
 are expectations, there is no sampling noise within a trajectory.
 
-References of a setting (``ref``): a lossy rule's matched baseline (:func:`verispec.rules.matched_baseline`,
+References of a setting (``ref``): a lossy rule's matched baseline (:func:`verispec.core.rules.matched_baseline`,
 ``draft_truncation="none"`` as in the sweeps: spec-cascade -> minp-sampling with the same p_base, typical ->
 eta-sampling with the same epsilon, every collaborative rule -> lossless); a truncation baseline's reference is
 plain lossless SD (the dashed line of Figure 5). ``d_lossless`` is every setting minus lossless.
 
-The grid (:func:`paper_grid`): the paper's parameter grids (:data:`verispec.eval.sweep.PRESETS`; Table 4's CoS
+The grid (:func:`paper_grid`): the paper's parameter grids (:data:`verispec.eval.grid.PRESETS`; Table 4's CoS
 t is lam = 1 - t, ``x`` reports t) plus the ``realization="residual"`` variants of the four rules whose paper
 reference is not a distribution (docs/paper_notes.md section 1); ``fine=True`` refines the axes (p_base step
 0.05, epsilon step 0.025, lam / l step 0.1), keeping every paper value.
@@ -42,11 +42,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from verispec import rules as _rules
+from verispec.core import rules as _rules
+from verispec.core.rules import Rule, matched_baseline
 from verispec.eval.estimator import DistLog, be_iid, be_trajectory, position_stats
+from verispec.eval.grid import PAPER_PARAM_MAPS, PRESETS, setting
 from verispec.eval.report import md_table
-from verispec.eval.sweep import PAPER_PARAM_MAPS, PRESETS, setting
-from verispec.rules import Rule, matched_baseline
 
 __all__ = [
     "BECurves",
@@ -487,7 +487,7 @@ def _markdown(res: BECurves, shape: pd.DataFrame) -> str:
         f"({res.n_boot} resamples, seed {res.seed}, percentile), joint over settings. d_ref: the setting minus its "
         "reference (lossy rule: matched baseline; truncation baseline: lossless); d_prev: minus the previous "
         "parameter value of the same curve (in the paper's parameter x). See the module docstring of "
-        "verispec.eval.be_curves for what these numbers do and do not answer.", "",
+        "verispec.studies.be_curves for what these numbers do and do not answer.", "",
         "## The paper's BE claims", "",
         "Relative claims (%) are ratios of mean BE minus 1. Paper: its own models and BE definition; compare "
         "signs and relative sizes.", "",

@@ -25,99 +25,53 @@ The engine comes from ``engine_factory(config)``; the default loads the configur
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import fcntl
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verispec.engine import GenerationResult, Request
-from verispec.eval.sweep import SweepConfig, WorkUnit, expand, load_config
+from verispec import api
+from verispec.eval.grid import SweepConfig, WorkUnit, expand, load_config, shard_units
+from verispec.eval.store import (
+    SCHEMA,
+    append_line,
+    locked,
+    log_failure,
+    now,
+    read_results,
+    repair_tail,
+    shard_results_name,
+    write_atomic,
+)
+from verispec.eval.tasks import get_task
 from verispec.eval.tasks.base import Grade, Problem
-from verispec.scheduler import Scheduler
+from verispec.runtime.scheduler import Scheduler
+from verispec.runtime.types import GenerationResult, Request
+from verispec.testing import toy_engine as make
 
 __all__ = [
-    "RESULTS",
     "RunPlan",
     "RunSummary",
-    "ToyTask",
-    "ToyTokenizer",
     "UnitExecutor",
     "default_engine_factory",
     "encode_problem",
-    "get_task",
     "load_problems",
-    "log_failure",
     "open_run",
-    "parse_shard",
-    "read_results",
-    "results_files",
     "run_sweep",
     "run_unit",
-    "shard_units",
     "toy_engine",
 ]
 
-RESULTS = "results.jsonl"
-SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
-ERRORS = "errors.jsonl"
-SCHEMA = 1
 #: units decoded at once by default (``--batch-size``); see docs/results/batching.md for the measurement
 DEFAULT_BATCH_SIZE = 8
-
-from verispec.testing import ToyTokenizer  # noqa: E402  (re-exported: the toy task renders prompts with it)
 
 EngineFactory = Callable[[SweepConfig], Any]
 
 
-# ----------------------------------------------------------------------------------- toy pair and task
-
-
-class ToyTask:
-    """A fake benchmark for tiny random models: problem i passes when the output contains its letter."""
-
-    def __init__(self, name: str = "toy", size: int = 20) -> None:
-        self.name = name
-        self.size = size
-
-    def load(self, limit: int | None = None, subset: Sequence[str] | str | None = None) -> list[Problem]:
-        wanted = None if subset is None else ({subset} if isinstance(subset, str) else set(subset))
-        probs = [
-            Problem(task=self.name, id=f"{self.name}/{i}",
-                    messages=[{"role": "user", "content": f"write letter {ToyTokenizer.alphabet[i % 26]} {i}"}],
-                    reference=ToyTokenizer.alphabet[i % 26])
-            for i in range(self.size)
-        ]
-        probs = [p for p in probs if wanted is None or p.id in wanted]
-        return probs if limit is None else probs[:limit]
-
-    def grade(self, problem: Problem, completion_text: str) -> Grade:
-        hit = problem.reference in completion_text
-        return Grade(hit, float(hit), "letter found" if hit else "letter missing", problem.reference if hit else None)
-
-
-EXTRA_TASKS: dict[str, Callable[[], Any]] = {"toy": ToyTask, "toy2": lambda: ToyTask("toy2", 12)}
-
-
-def get_task(name: str, **options: object) -> Any:
-    """A task from :mod:`verispec.eval.tasks` built with ``options``, or one of the toy tasks (``toy``, ``toy2``,
-    which take none)."""
-    if name in EXTRA_TASKS:
-        if options:
-            raise ValueError(f"task {name!r} takes no options, got {', '.join(sorted(options))}")
-        return EXTRA_TASKS[name]()
-    from verispec.eval.tasks import get_task as real
-
-    return real(name, **options)
-
-
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
     """The tiny random pair of :func:`verispec.testing.toy_engine` with the config's drafter: a sweep in seconds."""
-    from verispec.testing import toy_engine as make
 
     return make("model" if cfg is None else cfg.drafter, vocab_size)
 
@@ -130,144 +84,9 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
 
             torch.set_num_threads(cfg.threads)
         return toy_engine(cfg)
-    from verispec.api import load_engine
 
-    return load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads,
+    return api.load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads,
                        device=cfg.device, target_backend=cfg.target_backend)
-
-
-# --------------------------------------------------------------------------------------------- results I/O
-
-
-def _repair_tail(path: Path) -> int:
-    """Cut a trailing partial line (no final newline) off ``path``; return the number of bytes removed."""
-    if not path.exists():
-        return 0
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with open(path, "rb+") as f:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        # find the last newline
-        pos, chunk = size, 1 << 16
-        last_nl = -1
-        while pos > 0 and last_nl < 0:
-            start = max(0, pos - chunk)
-            f.seek(start)
-            buf = f.read(pos - start)
-            i = buf.rfind(b"\n")
-            if i >= 0:
-                last_nl = start + i
-            pos = start
-        keep = last_nl + 1
-        f.truncate(keep)
-        f.flush()
-        os.fsync(f.fileno())
-        return size - keep
-
-
-def results_files(run_dir: str | Path) -> list[Path]:
-    """The result files of a run directory: ``results.jsonl`` first, then each shard's (sorted by name)."""
-    run_dir = Path(run_dir)
-    files = [run_dir / RESULTS] if (run_dir / RESULTS).exists() else []
-    return files + sorted(run_dir.glob(SHARD_RESULTS.format(i="*", n="*")))
-
-
-def shard_units(units: Sequence[WorkUnit], shard: tuple[int, int]) -> list[WorkUnit]:
-    """Shard I of N's share of the grid ``units`` (in grid order): the methods of each (seed, problem, task) block
-    are dealt round-robin over the N shards, starting at shard ``block index mod N``. Every block's methods and
-    every method's blocks are spread evenly, so a method added to a finished grid is split over the shards too
-    (dealing every N-th unit of the grid gave all of a new method's units to one shard whenever the number of
-    methods was a multiple of N). The split depends only on the grid, so concurrent shards never overlap."""
-    i, n = shard
-    out: list[WorkUnit] = []
-    block, pos, prev = -1, 0, None
-    for u in units:
-        here = (u.seed, u.problem_id, u.task)
-        if here != prev:
-            block, pos, prev = block + 1, 0, here
-        if (block + pos) % n == i:
-            out.append(u)
-        pos += 1
-    return out
-
-
-def shard_results_name(shard: tuple[int, int] | None) -> str:
-    """File name the runner appends to: ``results.jsonl``, or ``results-I-of-N.jsonl`` for shard I of N."""
-    return RESULTS if shard is None else SHARD_RESULTS.format(i=shard[0], n=shard[1])
-
-
-def _read_file(path: Path, out: list[dict], seen: set[str]) -> None:
-    lines = path.read_bytes().split(b"\n")
-    complete = lines[:-1]  # the last element is b"" when the file ends with a newline, else a partial line
-    for n, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: malformed result line ({exc})") from None
-        if rec["key"] in seen:
-            continue
-        seen.add(rec["key"])
-        out.append(rec)
-
-
-def read_results(run_dir: str | Path) -> list[dict]:
-    """All complete result lines of a run directory (``results.jsonl`` and every shard's file), first occurrence
-    of each key.
-
-    A last line without its newline (a run killed mid-write) is ignored; a malformed line elsewhere raises.
-    """
-    out: list[dict] = []
-    seen: set[str] = set()
-    for path in results_files(run_dir):
-        _read_file(path, out, seen)
-    return out
-
-
-def _append(f: Any, rec: dict) -> None:
-    f.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
-    f.flush()
-    os.fsync(f.fileno())
-
-
-@contextlib.contextmanager
-def _locked(run_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[None]:
-    """An unsharded run holds ``.lock`` exclusively; shard I of N holds it shared and ``.lock-I-of-N``
-    exclusively, so the shards of one N run side by side but never beside an unsharded run or a twin."""
-    with contextlib.ExitStack() as stack:
-        locks = [(run_dir / ".lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)]
-        if shard:
-            locks.append((run_dir / f".lock-{shard[0]}-of-{shard[1]}", fcntl.LOCK_EX))
-        for path, mode in locks:
-            f = stack.enter_context(open(path, "a"))
-            try:
-                fcntl.flock(f, mode | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(f"another `bench run` holds {run_dir} (lock file {path})") from None
-            stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
-        yield
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so that shards starting together never leave a torn file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``."""
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"shard must look like I/N (e.g. 0/2), got {text!r}") from None
-    if n < 1 or not 0 <= i < n:
-        raise ValueError(f"shard I/N needs 0 <= I < N, got {text!r}")
-    return i, n
 
 
 # ------------------------------------------------------------------------------------------------- running
@@ -288,10 +107,6 @@ def encode_problem(engine: Any, problem: Problem) -> list[int]:
     if isinstance(ids, Mapping):  # a BatchEncoding
         ids = ids["input_ids"]
     return [int(t) for t in ids]
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def unit_request(unit: WorkUnit, cfg: SweepConfig, prompt_ids: list[int]) -> Request:
@@ -354,7 +169,7 @@ def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, i
         "per_round_emitted": list(m.per_round_emitted),
         "timings": {"draft_s": m.draft_s, "target_s": m.target_s, "verify_s": m.verify_s, "other_s": m.other_s,
                     "total_s": m.total_s, "grade_s": grade_s},
-        "finished_at": _now(),
+        "finished_at": now(),
     }
 
 
@@ -466,20 +281,20 @@ def open_run(
     cfg = config.restricted(limit=limit, tasks=tasks, seeds=seeds, methods=methods)
     say = log or (lambda s: None)
     summary = RunSummary(run_dir)
-    with _locked(run_dir, shard):
+    with locked(run_dir, shard):
         _check_settings(run_dir, config)
         if src_path is not None and not (run_dir / "config.toml").exists():
-            _write_atomic(run_dir / "config.toml", src_path.read_text())
+            write_atomic(run_dir / "config.toml", src_path.read_text())
         if not (run_dir / "config.json").exists():
-            _write_atomic(run_dir / "config.json", json.dumps(config.to_json(), indent=1) + "\n")
+            write_atomic(run_dir / "config.json", json.dumps(config.to_json(), indent=1) + "\n")
         problems = load_problems(cfg)
         units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
-        _write_atomic(run_dir / "run.json", json.dumps(
-            {"grid": cfg.to_json(), "units": len(units), "started_at": _now()}, indent=1) + "\n")
+        write_atomic(run_dir / "run.json", json.dumps(
+            {"grid": cfg.to_json(), "units": len(units), "started_at": now()}, indent=1) + "\n")
         if shard is not None:
             units = shard_units(units, shard)
         summary.total = len(units)
-        summary.repaired_bytes = _repair_tail(results_path)
+        summary.repaired_bytes = repair_tail(results_path)
         if summary.repaired_bytes:
             say(f"cut a partial last line ({summary.repaired_bytes} bytes) off {results_path}")
         done = {r["key"] for r in read_results(run_dir)}
@@ -490,13 +305,6 @@ def open_run(
         where = "in the grid" if shard is None else f"in shard {shard[0]}/{shard[1]}"
         say(f"{len(units)} units {where}, {summary.skipped} already done, {len(todo)} to run")
         yield RunPlan(cfg, problems, todo, results_path, summary)
-
-
-def log_failure(run_dir: Path, key: str, message: str, **extra: Any) -> None:
-    """Append one line ``{key, error, at, **extra}`` to ``RUN_DIR/errors.jsonl`` (a unit that did not produce
-    a result; it is retried on the next start)."""
-    with open(run_dir / ERRORS, "a") as errs:
-        errs.write(json.dumps({"key": key, "error": message, "at": _now(), **extra}) + "\n")
 
 
 def run_sweep(
@@ -556,7 +364,7 @@ def run_sweep(
         def finish(out: Any, unit: WorkUnit, ids: list[int], res: GenerationResult) -> None:
             problem = execute.problems[(unit.task, unit.problem_id)]
             rec = unit_record(unit, execute.tasks[unit.task], problem, cfg, ids, res)
-            _append(out, rec)
+            append_line(out, rec)
             summary.completed += 1
             stats["passed"] += rec["grade"]["passed"]
             stats["be"] += rec["be"]

@@ -14,8 +14,8 @@ pairs as independent; seeds of one problem are correlated, so :func:`paired_summ
 effect 1 + (m - 1) * rho (m seeds per problem, rho the intraclass correlation of the differences within a
 problem, one-way ANOVA estimate clipped at 0): the clustered requirement is n times that.
 
-The functions take run directories and return pandas frames; ``python -m verispec.eval.power table RUN_DIR``
-and ``python -m verispec.eval.power coupling COMMON_DIR INDEPENDENT_DIR`` print the Markdown tables the docs
+The functions take run directories and return pandas frames; ``python -m verispec.studies.power table RUN_DIR``
+and ``python -m verispec.studies.power coupling COMMON_DIR INDEPENDENT_DIR`` print the Markdown tables the docs
 quote (they are the same functions; nothing here is hard-coded but the paper's reported effects in
 :data:`CLAIMS`, quoted with their table or figure).
 """
@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from verispec.eval.report import load_frame, md_table
+from verispec.eval.store import read_results
 
 __all__ = ["CLAIMS", "AVAILABLE_PAIRS", "Claim", "coupling_table", "design_effect", "n_for_halfwidth", "n_required",
            "paired_differences", "paired_summary", "plan_markdown", "power_markdown", "power_table", "ratio_ci",
@@ -225,7 +226,6 @@ def power_table(run_dir: str | Path, claims: Sequence[Claim] = CLAIMS, alpha: fl
 def throughput(run_dir: str | Path) -> dict:
     """Units, wall hours from the first to the last ``finished_at`` and units per hour of a run directory, plus
     the sum of per-unit decoding seconds (one process's view)."""
-    from verispec.eval.runner import read_results
 
     recs = read_results(run_dir)
     times = sorted(pd.Timestamp(r["finished_at"]) for r in recs)
@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``--csv PATH``)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m verispec.eval.power")
+    ap = argparse.ArgumentParser(prog="python -m verispec.studies.power")
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table")
     t.add_argument("run_dir")

@@ -12,7 +12,7 @@ Names (tutorial sections 3-5; vLLM's rejection sampler calls the correction the 
   were accepted;
 * **emitted**: the accepted prefix followed by exactly one correction or bonus token (n + 1 tokens).
 
-``verify_block`` applies any :class:`~verispec.rules.Rule` to a whole block with float64 uniforms.
+``verify_block`` applies any :class:`~verispec.core.rules.Rule` to a whole block with float64 uniforms.
 ``verify_greedy`` is the exact temperature-0 path of lossless SD (accept iff the draft equals the target's
 argmax); ``verify_greedy_rule`` is the deterministic temperature-0 reading of ANY rule: accept iff the draft
 equals the argmax of ``rule.greedy_reference(p, q)`` built from the untempered p and q.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.rules import Rule
+from verispec.core.rules import Rule
 
 __all__ = [
     "SUM_TOL",

@@ -67,8 +67,8 @@ _methods_opt = click.option("--method", "methods", multiple=True, metavar="LABEL
 def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
              methods: tuple[str, ...], show: bool) -> None:
     """Print the sweep's settings (baselines added) and the number of work units."""
-    from verispec.eval.runner import load_problems
-    from verispec.eval.sweep import expand, load_config
+    from verispec.eval.grid import expand, load_config
+    from verispec.eval.run import load_problems
 
     try:
         cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
@@ -118,7 +118,8 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
             batch_size: int | None, ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
             ray_gpus_per_worker: float | None, ray_max_retries: int | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
-    from verispec.eval.runner import DEFAULT_BATCH_SIZE, parse_shard, run_sweep, shard_results_name
+    from verispec.eval.run import DEFAULT_BATCH_SIZE, run_sweep
+    from verispec.eval.store import parse_shard, shard_results_name
 
     ray_opts = {"workers": ray_workers, "cpus_per_worker": ray_cpus_per_worker,
                 "gpus_per_worker": ray_gpus_per_worker, "max_retries": ray_max_retries}
@@ -268,7 +269,7 @@ def be_curves_cmd(log_path: str, out_dir: str, gamma: int, fine: bool, n_boot: i
     be_claims.csv."""
     import torch
 
-    from verispec.eval.be_curves import write_be_curves
+    from verispec.studies.be_curves import write_be_curves
 
     torch.set_num_threads(1)
     try:

@@ -4,14 +4,14 @@ commit / roll back -> stop checks -> metrics.
 One round (tutorial sections 2, 5, 6; Appendix H.1 for trees): the drafter proposes, for every row, a chain or
 a token tree of at most gamma levels; the target scores each row's uncommitted history plus its proposal in
 ONE batched forward, giving p after the root and after every node; the row's rule accepts a root-down path
-(chains: the vectorised :func:`~verispec.verify.verify_block`; trees: the walk
-:func:`~verispec.tree.verify_tree`) and adds one correction or bonus token. Target and draft keep the KV of
+(chains: the vectorised :func:`~verispec.core.verify.chain.verify_block`; trees: the walk
+:func:`~verispec.core.verify.tree.verify_tree`) and adds one correction or bonus token. Target and draft keep the KV of
 the committed history and of the accepted path only; the new correction/bonus token gets its KV when it is
 fed next round.
 
 Rows are independent: each has its own rule, sampling settings, stop conditions, draft length and random
 generator (seeded by the request), so a seeded row's output does not depend on which rows share its batch.
-:class:`~verispec.scheduler.Scheduler` moves rows in and out between rounds; :meth:`Engine.generate` is the
+:class:`~verispec.runtime.scheduler.Scheduler` moves rows in and out between rounds; :meth:`Engine.generate` is the
 convenience that runs one prompt or a list of prompts to completion through it.
 """
 
@@ -19,176 +19,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
+from verispec.core.rules import Rule, get
+from verispec.core.sampling import SamplingConfig, apply_penalties, process
+from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
+from verispec.core.verify.tree import TokenTree, check_tree_rule, verify_tree
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
-from verispec.processors import History, SamplingConfig, apply_penalties, process
-from verispec.rules import Rule, get
-from verispec.tree import TokenTree, check_tree_rule, verify_tree
-from verispec.verify import verify_block, verify_greedy, verify_greedy_rule
+from verispec.runtime.scheduler import Scheduler
+from verispec.runtime.types import GenerationResult, Metrics, Request, Row
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
-
-
-@dataclass
-class Metrics:
-    """Per-request counters, with the same meaning for chains and trees.
-
-    ``drafted``: drafted tokens, i.e. the proposal depth summed over rounds (a chain's length; a tree's longest
-    path: the most tokens a round could accept). ``proposed_nodes``: nodes scored by the target (equal to
-    ``drafted`` for chains). ``accepted``: accepted drafted tokens; ``emitted_accepted``: those that were also
-    emitted (not cut by EOS, a stop string, max_new_tokens or the context). ``block_efficiency`` is the
-    paper's BE: emitted accepted drafted tokens per target step (bonus excluded). ``accepted_fraction`` =
-    accepted / drafted (not the tutorial's acceptance A = sum_x min(p, q), which needs p and q: see the
-    estimator). ``acceptance_per_position[i]``: of the rounds whose verification reached depth i + 1, the
-    fraction that accepted a token there. Time: the wall time of the shared phases (a batched forward counts
-    fully for every row it served) and of the row's own verification.
-    """
-
-    rounds: int = 0
-    drafted: int = 0
-    proposed_nodes: int = 0
-    accepted: int = 0
-    emitted_accepted: int = 0
-    new_tokens: int = 0
-    reached_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
-    per_round_nodes: list[int] = field(default_factory=list)
-    per_round_emitted: list[int] = field(default_factory=list)  # emitted accepted drafts per round
-    draft_s: float = 0.0
-    target_s: float = 0.0
-    verify_s: float = 0.0
-    total_s: float = 0.0
-    draft_forward_calls: int = 0
-    time_to_first_token_s: float | None = None
-
-    def record_round(self, drafted: int, nodes: int, accepted: int, emitted_accepted: int, reached: int) -> None:
-        """One verified round: ``reached`` = depths the verification examined (accepted, +1 on a rejection)."""
-        self.rounds += 1
-        self.drafted += drafted
-        self.proposed_nodes += nodes
-        self.accepted += accepted
-        self.emitted_accepted += emitted_accepted
-        self.per_round.append((drafted, accepted))
-        self.per_round_nodes.append(nodes)
-        self.per_round_emitted.append(emitted_accepted)
-        while len(self.reached_per_position) < reached:
-            self.reached_per_position.append(0)
-            self.accepted_per_position.append(0)
-        for i in range(reached):
-            self.reached_per_position[i] += 1
-            if i < accepted:
-                self.accepted_per_position[i] += 1
-
-    @property
-    def block_efficiency(self) -> float:
-        return self.emitted_accepted / self.rounds if self.rounds else 0.0
-
-    @property
-    def tokens_per_round(self) -> float:
-        return self.new_tokens / self.rounds if self.rounds else 0.0
-
-    @property
-    def accepted_fraction(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def nodes_per_round(self) -> float:
-        return self.proposed_nodes / self.rounds if self.rounds else 0.0
-
-    @property
-    def acceptance_per_position(self) -> list[float]:
-        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position, strict=True)]
-
-    @property
-    def other_s(self) -> float:
-        return max(self.total_s - self.draft_s - self.target_s - self.verify_s, 0.0)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
-
-    def to_dict(self, per_round: bool = False) -> dict:
-        d = asdict(self)
-        if not per_round:
-            for k in ("per_round", "per_round_nodes", "per_round_emitted"):
-                d.pop(k)
-        d.update(
-            block_efficiency=self.block_efficiency,
-            tokens_per_round=self.tokens_per_round,
-            accepted_fraction=self.accepted_fraction,
-            nodes_per_round=self.nodes_per_round,
-            acceptance_per_position=self.acceptance_per_position,
-            other_s=self.other_s,
-            tokens_per_s=self.tokens_per_s,
-        )
-        return d
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop", "length", or "error" (a request of a batch that was refused; see ``error``)
-    metrics: Metrics
-    prompt_ids: list[int] = field(default_factory=list)
-    error: str | None = None
-
-    def to_dict(self, per_round: bool = False) -> dict:
-        d = {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "metrics": self.metrics.to_dict(per_round),
-        }
-        if self.error is not None:
-            d["error"] = self.error
-        return d
-
-
-@dataclass
-class Request:
-    """What one generation asks for. ``gamma=None`` takes the drafter's default (5 for chains, the tree
-    drafter's depth); ``"auto"`` adapts it per round."""
-
-    prompt: str | Sequence[int]
-    rule: Rule | str = "lossless"
-    sampling: SamplingConfig | None = None
-    gamma: int | str | None = None
-    max_new_tokens: int = 128
-    stop: Sequence[str] = ()
-    seed: int = 0
-    chat: bool = False
-    #: a lossy rule at temperature 0: "reference" accepts a draft iff it is the argmax of the rule's reference
-    #: distribution built from the untempered p and q (deterministic; transformers' weighted-ensemble reading);
-    #: "onehot" applies the rule to the one-hot tempered p and q (its law on point masses; random)
-    greedy_lossy: str = "reference"
-
-
-class Row:
-    """The state of one request being decoded: its settings, committed ids, history, generator, metrics."""
-
-    def __init__(self, key: int, req: Request, rule: Rule, cfg: SamplingConfig, prompt_ids: list[int],
-                 vocab: int, target_row: int) -> None:
-        self.key, self.request, self.rule, self.cfg = key, req, rule, cfg
-        self.prompt_ids = prompt_ids
-        self.ids, self.new = list(prompt_ids), []
-        self.history = History.of(prompt_ids, [], vocab) if cfg.uses_history else None
-        self.generator = torch.Generator().manual_seed(int(req.seed))
-        self.target_row = target_row
-        self.finish: str | None = None
-        self.stop_at: int | None = None
-        self.metrics = Metrics()
-        self.start = time.perf_counter()
-
-    @property
-    def done(self) -> bool:
-        return self.finish is not None
 
 
 class Engine:
@@ -412,8 +256,6 @@ class Engine:
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
-        from verispec.scheduler import Scheduler
-
         single = isinstance(prompt, str) or len(prompt) == 0 or not isinstance(prompt[0], str | list | tuple)  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
         n = len(prompts)
