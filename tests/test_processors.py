@@ -22,6 +22,8 @@ from verispec.core.sampling import (
     top_p_mask,
 )
 
+T1 = {"temperature": 1.0}  # the processors' algebra at temperature 1
+
 TOL = 1e-12
 P4 = [0.5, 0.3, 0.15, 0.05]
 
@@ -42,7 +44,7 @@ def close(a: torch.Tensor, b: list[float] | torch.Tensor, tol: float = TOL) -> b
 
 
 def test_temperature_one_is_softmax():
-    out = probs_from_logits(logits_of([1 / 7, 2 / 7, 4 / 7]), SamplingConfig())
+    out = probs_from_logits(logits_of([1 / 7, 2 / 7, 4 / 7]), SamplingConfig(temperature=1.0))
     assert close(out, [1 / 7, 2 / 7, 4 / 7])
 
 
@@ -87,7 +89,7 @@ def test_greedy_ignores_truncation_and_is_batched():
 
 
 def test_top_k():
-    out = probs_from_logits(logits_of([0.1, 0.2, 0.3, 0.4]), SamplingConfig(top_k=2))
+    out = probs_from_logits(logits_of([0.1, 0.2, 0.3, 0.4]), SamplingConfig(temperature=1.0, top_k=2))
     assert close(out, [0.0, 0.0, 3 / 7, 4 / 7])
     assert top_k_mask(t([0.1, 0.2, 0.3, 0.4]), 2).tolist() == [False, False, True, True]
 
@@ -95,7 +97,7 @@ def test_top_k():
 def test_top_k_keeps_ties_and_caps_at_vocab():
     assert top_k_mask(t([0.4, 0.3, 0.3]), 2).tolist() == [True, True, True]
     assert top_k_mask(t([0.4, 0.3, 0.3]), 10).tolist() == [True, True, True]
-    out = probs_from_logits(logits_of([0.1, 0.2, 0.3, 0.4]), SamplingConfig(top_k=1))
+    out = probs_from_logits(logits_of([0.1, 0.2, 0.3, 0.4]), SamplingConfig(temperature=1.0, top_k=1))
     assert out.tolist() == [0.0, 0.0, 0.0, 1.0]
 
 
@@ -108,13 +110,13 @@ def test_top_p_smallest_prefix():
     assert top_p_mask(t(P4), 0.85).tolist() == [True, True, True, False]
     assert top_p_mask(t(P4), 0.3).tolist() == [True, False, False, False]
     assert top_p_mask(t(P4), 1.0).all()
-    out = probs_from_logits(logits_of(P4), SamplingConfig(top_p=0.75))
+    out = probs_from_logits(logits_of(P4), SamplingConfig(temperature=1.0, top_p=0.75))
     assert close(out, [5 / 8, 3 / 8, 0.0, 0.0])
 
 
 def test_top_p_unsorted_input():
     probs = [0.15, 0.05, 0.5, 0.3]
-    out = probs_from_logits(logits_of(probs), SamplingConfig(top_p=0.85))
+    out = probs_from_logits(logits_of(probs), SamplingConfig(temperature=1.0, top_p=0.85))
     assert close(out, [0.15 / 0.95, 0.0, 0.5 / 0.95, 0.3 / 0.95])
 
 
@@ -126,12 +128,13 @@ def test_min_p_eq5():
     assert minp_mask(t(P4), 0.3).tolist() == [True, True, True, False]
     assert minp_mask(t(P4), 0.31).tolist() == [True, True, False, False]
     assert minp_mask(t(P4), 1.0).tolist() == [True, False, False, False]
-    assert close(probs_from_logits(logits_of(P4), SamplingConfig(min_p=0.3)), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
-    assert close(probs_from_logits(logits_of(P4), SamplingConfig(min_p=0.31)), [5 / 8, 3 / 8, 0, 0])
+    assert close(probs_from_logits(logits_of(P4), SamplingConfig(**T1, min_p=0.3)),
+                 [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+    assert close(probs_from_logits(logits_of(P4), SamplingConfig(temperature=1.0, min_p=0.31)), [5 / 8, 3 / 8, 0, 0])
 
 
 def test_min_p_zero_is_identity():
-    assert close(probs_from_logits(logits_of(P4), SamplingConfig(min_p=0.0)), P4)
+    assert close(probs_from_logits(logits_of(P4), SamplingConfig(temperature=1.0, min_p=0.0)), P4)
 
 
 # ----------------------------------------------------------------------------------------------- eta (Eq. 6)
@@ -157,9 +160,9 @@ def test_eta_mask_and_probs():
     assert eta_mask(t(P4), 0.1).tolist() == [True, True, True, True]  # thr ~ 0.032
     assert eta_mask(t(P4), 0.1, 0.5).tolist() == [True, True, True, False]  # thr = 0.1
     assert eta_mask(t(P4), 0.2, 1.0).tolist() == [True, True, False, False]  # thr = 0.2
-    cfg = SamplingConfig(eta=0.2, eta_delta=1.0)
+    cfg = SamplingConfig(temperature=1.0, eta=0.2, eta_delta=1.0)
     assert close(probs_from_logits(logits_of(P4), cfg), [5 / 8, 3 / 8, 0, 0])
-    cfg = SamplingConfig(eta=0.1, eta_delta=0.5)
+    cfg = SamplingConfig(temperature=1.0, eta=0.1, eta_delta=0.5)
     assert close(probs_from_logits(logits_of(P4), cfg), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
 
 
@@ -168,7 +171,7 @@ def test_eta_keeps_argmax():
     probs = t([0.05, 0.9, 0.05])
     assert float(eta_threshold(probs, 1.0, 2.0)) > 0.9
     assert eta_mask(probs, 1.0, 2.0).tolist() == [False, True, False]
-    assert probs_from_logits(probs.log(), SamplingConfig(eta=1.0, eta_delta=2.0)).tolist() == [0.0, 1.0, 0.0]
+    assert probs_from_logits(probs.log(), SamplingConfig(**T1, eta=1.0, eta_delta=2.0)).tolist() == [0.0, 1.0, 0.0]
 
 
 # ----------------------------------------------------------------------------------------------- composition
@@ -177,13 +180,13 @@ def test_eta_keeps_argmax():
 def test_order_top_k_before_top_p():
     # top-k=3 renormalizes [0.4, 0.3, 0.2] -> [4/9, 3/9, 2/9]; top-p 0.75 then keeps two (mass before the third
     # is 7/9 >= 0.75). Top-p first on the raw distribution would keep three (mass before the third is 0.7).
-    out = probs_from_logits(logits_of([0.4, 0.3, 0.2, 0.1]), SamplingConfig(top_k=3, top_p=0.75))
+    out = probs_from_logits(logits_of([0.4, 0.3, 0.2, 0.1]), SamplingConfig(temperature=1.0, top_k=3, top_p=0.75))
     assert close(out, [4 / 7, 3 / 7, 0, 0])
 
 
 def test_order_top_p_before_min_p():
     # top-p 0.85 -> [0.5, 0.3, 0.15] / 0.95; then min-p 0.5 (threshold 0.25 of the max) keeps two
-    out = probs_from_logits(logits_of(P4), SamplingConfig(top_p=0.85, min_p=0.5))
+    out = probs_from_logits(logits_of(P4), SamplingConfig(temperature=1.0, top_p=0.85, min_p=0.5))
     assert close(out, [5 / 8, 3 / 8, 0, 0])
 
 
@@ -199,7 +202,7 @@ def test_order_min_p_before_eta():
     # keeps r >= 0.2, i.e. two tokens (0.15/0.95 ~ 0.158 dropped)
     r = [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95]
     assert math.exp(sum(x * math.log(x) for x in r)) > 0.2
-    out = probs_from_logits(logits_of(P4), SamplingConfig(min_p=0.3, eta=0.2, eta_delta=1.0))
+    out = probs_from_logits(logits_of(P4), SamplingConfig(temperature=1.0, min_p=0.3, eta=0.2, eta_delta=1.0))
     assert close(out, [5 / 8, 3 / 8, 0, 0])
 
 
@@ -224,7 +227,7 @@ def test_full_pipeline_equals_manual_composition():
 
 
 def test_repetition_penalty_both_signs():
-    cfg = SamplingConfig(repetition_penalty=2.0)
+    cfg = SamplingConfig(temperature=1.0, repetition_penalty=2.0)
     logits = t([2.0, -1.0, 0.5, -3.0])
     counts = torch.tensor([1, 1, 0, 0])
     # seen positive logit divided, seen negative multiplied, unseen untouched
@@ -232,12 +235,12 @@ def test_repetition_penalty_both_signs():
 
 
 def test_repetition_penalty_below_one_boosts():
-    cfg = SamplingConfig(repetition_penalty=0.5)
+    cfg = SamplingConfig(temperature=1.0, repetition_penalty=0.5)
     assert apply_penalties(t([2.0, -1.0]), torch.tensor([3, 1]), cfg).tolist() == [4.0, -0.5]
 
 
 def test_frequency_and_presence_penalties():
-    cfg = SamplingConfig(frequency_penalty=0.5, presence_penalty=1.0)
+    cfg = SamplingConfig(temperature=1.0, frequency_penalty=0.5, presence_penalty=1.0)
     logits = t([2.0, -1.0, 0.5])
     counts = torch.tensor([2, 0, 1])
     # logit - 0.5 * count - 1.0 * [count > 0]
@@ -245,20 +248,20 @@ def test_frequency_and_presence_penalties():
 
 
 def test_all_penalties_compose_repetition_first():
-    cfg = SamplingConfig(repetition_penalty=2.0, frequency_penalty=0.25, presence_penalty=0.5)
+    cfg = SamplingConfig(temperature=1.0, repetition_penalty=2.0, frequency_penalty=0.25, presence_penalty=0.5)
     # token 0: 3 / 2 - 0.25 * 2 - 0.5 = 0.5; token 1: -1 * 2 - 0.25 - 0.5 = -2.75; token 2 unseen
     out = apply_penalties(t([3.0, -1.0, 1.0]), torch.tensor([2, 1, 0]), cfg)
     assert out.tolist() == [0.5, -2.75, 1.0]
 
 
 def test_no_penalty_is_identity_and_uses_history():
-    cfg = SamplingConfig()
+    cfg = SamplingConfig(temperature=1.0)
     logits = t([1.0, 2.0])
     assert apply_penalties(logits, torch.tensor([5, 5]), cfg) is logits
     assert not cfg.uses_history
-    assert SamplingConfig(repetition_penalty=1.1).uses_history
-    assert SamplingConfig(frequency_penalty=0.1).uses_history
-    assert SamplingConfig(presence_penalty=-0.1).uses_history
+    assert SamplingConfig(temperature=1.0, repetition_penalty=1.1).uses_history
+    assert SamplingConfig(temperature=1.0, frequency_penalty=0.1).uses_history
+    assert SamplingConfig(temperature=1.0, presence_penalty=-0.1).uses_history
 
 
 def test_process_applies_penalties_before_temperature():
@@ -278,7 +281,7 @@ def test_history_counts():
 
 
 def test_history_counts_feed_penalties_per_prefix():
-    cfg = SamplingConfig(frequency_penalty=1.0)
+    cfg = SamplingConfig(temperature=1.0, frequency_penalty=1.0)
     counts = history_counts(torch.zeros(3, dtype=torch.long), torch.tensor([1, 1]))
     out = apply_penalties(torch.zeros(3, 3, dtype=torch.float64), counts, cfg)
     assert out.tolist() == [[0.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, -2.0, 0.0]]
@@ -291,9 +294,9 @@ def test_history_counts_feed_penalties_per_prefix():
     "cfg",
     [
         SamplingConfig(temperature=0.7, top_k=5),
-        SamplingConfig(top_p=0.6),
-        SamplingConfig(min_p=0.2),
-        SamplingConfig(eta=0.08),
+        SamplingConfig(temperature=1.0, top_p=0.6),
+        SamplingConfig(temperature=1.0, min_p=0.2),
+        SamplingConfig(temperature=1.0, eta=0.08),
         SamplingConfig(temperature=0),
         SamplingConfig(temperature=1.3, top_k=9, top_p=0.9, min_p=0.05, eta=0.02, repetition_penalty=1.5,
                        frequency_penalty=0.3, presence_penalty=0.2),
@@ -315,7 +318,7 @@ def test_batched_leading_dims_match_rows(cfg):
 # ----------------------------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=0), SamplingConfig(top_k=2)])
+@pytest.mark.parametrize("cfg", [SamplingConfig(**T1), SamplingConfig(temperature=0), SamplingConfig(**T1, top_k=2)])
 def test_nan_logits_raise(cfg):
     logits = t([[0.0, 1.0, 2.0], [0.0, float("nan"), 1.0]])
     with pytest.raises(ValueError, match="NaN"):
@@ -352,7 +355,7 @@ def test_invalid_config_raises_naming_parameter(kwargs, name):
 
 
 def test_with_revalidates():
-    cfg = SamplingConfig(top_k=3)
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
     assert cfg.with_(top_k=5).top_k == 5
     with pytest.raises(ValueError, match="top_k"):
         cfg.with_(top_k=0)
@@ -366,9 +369,9 @@ def test_history_penalties_follow_openai_and_hf():
     h = History.of([0, 0, 1], [2, 2], 4)
     assert h.all.tolist() == [2, 1, 2, 0] and h.generated.tolist() == [0, 0, 2, 0]
     logits = torch.tensor([1.0, 1.0, 1.0, 1.0])
-    freq = apply_penalties(logits, h, SamplingConfig(frequency_penalty=0.5, presence_penalty=0.25))
+    freq = apply_penalties(logits, h, SamplingConfig(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.25))
     assert freq.tolist() == [1.0, 1.0, 1.0 - 1.0 - 0.25, 1.0]
-    rep = apply_penalties(logits, h, SamplingConfig(repetition_penalty=2.0))
+    rep = apply_penalties(logits, h, SamplingConfig(temperature=1.0, repetition_penalty=2.0))
     assert rep.tolist() == [0.5, 0.5, 0.5, 1.0]
     rows = h.prefixes([3, 2])
     assert rows.generated.tolist() == [[0, 0, 2, 0], [0, 0, 2, 1], [0, 0, 3, 1]]

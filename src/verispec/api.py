@@ -8,14 +8,23 @@ from collections.abc import Sequence
 import torch
 
 from verispec import models
-from verispec.backends.base import common_prefix_len
+from verispec.backends.base import Backend, common_prefix_len
 from verispec.backends.hf import HFBackend
 from verispec.backends.llamacpp import LlamaCppBackend
 from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig
-from verispec.defaults import DEFAULT_TEMPERATURE, DRAFTERS, drafter_spec
-from verispec.defaults import target_backend as check_target_backend
-from verispec.drafters import BaseDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+from verispec.defaults import (
+    DEFAULT_DRAFT,
+    DEFAULT_DTYPE,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TARGET,
+    DEFAULT_TEMPERATURE,
+    DRAFTERS,
+    check_pairing,
+    drafter_spec,
+)
+from verispec.drafters import BaseDrafter
+from verispec.drafters.registry import make_drafter
 from verispec.runtime.engine import Engine
 from verispec.runtime.types import GenerationResult
 
@@ -68,7 +77,7 @@ def _gguf_of(name: str | os.PathLike[str], role: str) -> tuple[str, bool]:
 
 
 def load_llamacpp_target(
-    target: str | os.PathLike[str] = models.DEFAULT_TARGET,
+    target: str | os.PathLike[str] = DEFAULT_TARGET,
     threads: int | None = None,
     n_ctx: int = 4096,
     max_rows: int = 8,
@@ -121,7 +130,7 @@ def build_drafter(
     draft: str | os.PathLike[str] | None,
     target_tokenizer: object,
     target_config: object,
-    dtype: str = "bfloat16",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     tree: dict | None = None,
     device: str = "cpu",
@@ -137,22 +146,16 @@ def build_drafter(
     spec = drafter_spec(drafter)
     if spec.uses_draft_model and draft is None:
         raise ValueError(f"drafter {drafter!r} needs a draft model")
-    backend = None
-    if spec.draft_backend == "hf":
+
+    def load_draft() -> Backend:
+        if spec.draft_backend == "llamacpp":
+            return _llamacpp_backend(draft, target_config.vocab_size, threads,  # type: ignore[attr-defined]
+                                     draft_threads)
         d_model, d_tok = models.load_model(draft, dtype=dtype, device=device)  # type: ignore[arg-type]
         models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
-        backend = HFBackend(d_model)
-    elif spec.draft_backend == "llamacpp":
-        backend = _llamacpp_backend(draft, target_config.vocab_size, threads,  # type: ignore[attr-defined]
-                                    draft_threads)
-    if drafter == "none":
-        return None
-    if drafter == "ngram":
-        return NgramDrafter()
-    if drafter == "tree":
-        return TreeDrafter(backend, **(tree or {}))  # type: ignore[arg-type]
-    chain = ModelDrafter(backend)  # type: ignore[arg-type]
-    return HybridDrafter(chain) if drafter.startswith("ngram+") else chain
+        return HFBackend(d_model)
+
+    return make_drafter(drafter, load_draft if spec.uses_draft_model else None, tree)
 
 
 class EngineCache:
@@ -180,10 +183,10 @@ ENGINES = EngineCache()
 
 
 def load_engine(
-    target: str | os.PathLike[str] = models.DEFAULT_TARGET,
-    draft: str | os.PathLike[str] | None = models.DEFAULT_DRAFT,
+    target: str | os.PathLike[str] = DEFAULT_TARGET,
+    draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
     drafter: str = "model",
-    dtype: str = "bfloat16",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     cache: bool = True,
     tree: dict | None = None,
@@ -209,10 +212,7 @@ def load_engine(
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
-    drafter_spec(drafter)
-    check_target_backend(target_backend)
-    if target_backend == "llamacpp" and drafter == "tree":
-        raise ValueError("drafter 'tree' needs a target with tree attention; the llama.cpp target has none")
+    check_pairing(drafter, target_backend)
     if threads:
         torch.set_num_threads(threads)
     key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
@@ -239,8 +239,8 @@ def load_engine(
 def generate(
     prompt_or_ids: str | Sequence[int],
     *,
-    target: str | os.PathLike[str] = models.DEFAULT_TARGET,
-    draft: str | os.PathLike[str] | None = models.DEFAULT_DRAFT,
+    target: str | os.PathLike[str] = DEFAULT_TARGET,
+    draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
     drafter: str = "model",
     rule: str | Rule = "lossless",
     rule_params: dict | None = None,
@@ -253,11 +253,11 @@ def generate(
     repetition_penalty: float = 1.0,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
-    max_new_tokens: int = 128,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     stop: Sequence[str] = (),
     seed: int = 0,
     chat: bool = False,
-    dtype: str = "bfloat16",
+    dtype: str = DEFAULT_DTYPE,
     target_backend: str = "hf",
 ) -> GenerationResult:
     """Speculative generation in one call; models are loaded once and kept for later calls.

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verispec.defaults import DEFAULT_DRAFT, DEFAULT_TARGET
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -135,8 +137,6 @@ REGISTRY: dict[str, ModelSpec] = {
     ),
 }
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 Progress = Callable[[str], Any] | None
 

@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from verispec import models
 from verispec.api import EngineCache
 from verispec.backends.hf import HFBackend
-from verispec.drafters import HybridDrafter, ModelDrafter, NgramDrafter, TreeDrafter
+from verispec.drafters.registry import make_drafter
 from verispec.eval.tasks.toy import ALPHABET
 from verispec.runtime.engine import Engine
 
@@ -132,18 +132,8 @@ def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True)
     def draft() -> HFBackend:
         return HFBackend(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0))
 
-    impl = {
-        "model": lambda: ModelDrafter(draft()),
-        "llamacpp": lambda: ModelDrafter(draft()),  # no GGUF for the toy pair: the same draft in transformers
-        "tree": lambda: TreeDrafter(draft()),
-        "ngram": NgramDrafter,
-        "ngram+model": lambda: HybridDrafter(ModelDrafter(draft())),
-        "ngram+llamacpp": lambda: HybridDrafter(ModelDrafter(draft())),
-        "none": lambda: None,
-    }
-    if drafter not in impl:
-        raise ValueError(f"unknown drafter {drafter!r} for the toy pair")
-    engine = Engine(HFBackend(target), impl[drafter](), ToyTokenizer(), ())
+    # no GGUF for the toy pair: a llama.cpp drafter gets the same draft in transformers
+    engine = Engine(HFBackend(target), make_drafter(drafter, draft), ToyTokenizer(), ())
     if cache:
         TOY_ENGINES.put(key, engine)
     return engine

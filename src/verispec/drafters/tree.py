@@ -58,6 +58,7 @@ class _Tree:
 
 class TreeDrafter(ModelDrafter):
     name = "tree"
+    proposes_trees = True
 
     def __init__(
         self,

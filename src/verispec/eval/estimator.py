@@ -63,6 +63,7 @@ from verispec.analysis import induced_distribution, kl, tv
 from verispec.backends.base import ScoreRequest
 from verispec.core.rules import Rule, get, matched_baseline
 from verispec.core.sampling import History, SamplingConfig, process
+from verispec.defaults import drafter_spec
 from verispec.eval.grid import SweepConfig, expand
 from verispec.eval.metrics import record_emitted_accepted
 from verispec.eval.run import default_engine_factory, encode_problem, load_problems
@@ -397,7 +398,7 @@ def estimate_run(run_dir: str | Path, *, engine_factory: Any = None, top_k: int 
     out = run_dir / "estimator"
     out.mkdir(exist_ok=True)
     cfg = SweepConfig.from_json(json.loads((run_dir / "config.json").read_text()))
-    if cfg.drafter == "tree":
+    if drafter_spec(cfg.drafter).proposes_trees:
         raise ValueError("the offline estimator models chain drafting (one draft per position); this is a tree run")
     recs = read_results(run_dir)
     if not recs:

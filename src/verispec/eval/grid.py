@@ -84,7 +84,21 @@ from typing import Any
 from verispec.core import rules
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
-from verispec.defaults import DEFAULT_TEMPERATURE, TARGET_BACKENDS
+from verispec.defaults import (
+    DEFAULT_DRAFT,
+    DEFAULT_DRAFTER,
+    DEFAULT_DTYPE,
+    DEFAULT_GAMMA,
+    DEFAULT_TARGET,
+    DEFAULT_TARGET_BACKEND,
+    DEFAULT_TEMPERATURE,
+    DTYPES,
+    PAPER_SEEDS,
+    SWEEP_MAX_NEW_TOKENS,
+    TARGET_BACKENDS,
+    check_pairing,
+    drafter_spec,
+)
 from verispec.defaults import DRAFTERS as _DRAFTER_SPECS
 from verispec.eval.tasks import get_task
 
@@ -134,7 +148,6 @@ LEGACY_DRAFT_TRUNCATION = "same"
 #: option existed used "common"
 COUPLINGS = ("common", "independent")
 LEGACY_COUPLING = "common"
-PAPER_SEEDS = [0, 1, 2]
 # drafters a sweep may use (verispec.defaults.DRAFTERS); "tree": default tree of depth gamma, per_round
 # (depth, accepted)
 DRAFTERS = tuple(_DRAFTER_SPECS)
@@ -277,13 +290,13 @@ class SweepConfig:
     seeds: tuple[int, ...] = tuple(PAPER_SEEDS)
     temperature: float = DEFAULT_TEMPERATURE
     sampling: tuple[tuple[str, object], ...] = ()
-    gamma: int = 5
-    max_new_tokens: int = 256
-    target: str = "qwen2.5-coder-1.5b-instruct"
-    draft: str | None = "qwen2.5-coder-0.5b-instruct"
-    drafter: str = "model"
-    target_backend: str = "hf"
-    dtype: str = "bfloat16"
+    gamma: int = DEFAULT_GAMMA
+    max_new_tokens: int = SWEEP_MAX_NEW_TOKENS
+    target: str = DEFAULT_TARGET
+    draft: str | None = DEFAULT_DRAFT
+    drafter: str = DEFAULT_DRAFTER
+    target_backend: str = DEFAULT_TARGET_BACKEND
+    dtype: str = DEFAULT_DTYPE
     threads: int | None = None
     device: str = "cpu"
     pair_baselines: bool = True
@@ -484,16 +497,15 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     sampling = dict(data.get("sampling", {}))
     if "temperature" in sampling:
         temperature = float(sampling.pop("temperature"))
-    drafter = str(models.get("drafter", "model"))
+    drafter = str(models.get("drafter", SweepConfig.drafter))
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-    target_backend = str(models.get("target_backend", "hf"))
+    target_backend = str(models.get("target_backend", SweepConfig.target_backend))
     if target_backend not in TARGET_BACKENDS:
         raise ValueError(f"target_backend must be one of {', '.join(TARGET_BACKENDS)}, got {target_backend!r}")
-    if target_backend == "llamacpp" and drafter == "tree":
-        raise ValueError("drafter 'tree' needs a target with tree attention; target_backend 'llamacpp' has none")
-    dtype = str(models.get("dtype", "bfloat16"))
-    if dtype not in ("bfloat16", "float32", "float16"):
+    check_pairing(drafter, target_backend)
+    dtype = str(models.get("dtype", SweepConfig.dtype))
+    if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
     threads = models.get("threads")
     cfg = SweepConfig(
@@ -503,8 +515,8 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         seeds=seeds,
         temperature=temperature,
         sampling=tuple(sorted(sampling.items())),
-        gamma=_int("gamma", data.get("gamma", 5), 0),
-        max_new_tokens=_int("max_new_tokens", data.get("max_new_tokens", 256), 1),
+        gamma=_int("gamma", data.get("gamma", SweepConfig.gamma), 0),
+        max_new_tokens=_int("max_new_tokens", data.get("max_new_tokens", SweepConfig.max_new_tokens), 1),
         target=str(models.get("target", SweepConfig.target)),
         draft=None if models.get("draft", SweepConfig.draft) is None else str(models.get("draft", SweepConfig.draft)),
         drafter=drafter,
@@ -518,7 +530,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         raw_methods=tuple(raw),
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table
-    if drafter == "tree":  # refuse now rather than fail every unit of an unsupported rule
+    if drafter_spec(drafter).proposes_trees:  # refuse now rather than fail every unit of an unsupported rule
 
         for m in methods:
             check_tree_rule(m.build())

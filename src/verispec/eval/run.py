@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec import api
+from verispec.defaults import DEFAULT_BATCH_SIZE
 from verispec.eval.grid import SweepConfig, WorkUnit, expand, load_config, shard_units
 from verispec.eval.store import (
     SCHEMA,
@@ -64,8 +65,6 @@ __all__ = [
     "toy_engine",
 ]
 
-#: units decoded at once by default (``--batch-size``); see docs/results/batching.md for the measurement
-DEFAULT_BATCH_SIZE = 8
 
 EngineFactory = Callable[[SweepConfig], Any]
 

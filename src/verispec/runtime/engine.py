@@ -28,6 +28,7 @@ from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig, apply_penalties, process
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
 from verispec.core.verify.tree import TokenTree, check_tree_rule, verify_tree
+from verispec.defaults import DEFAULT_MAX_NEW_TOKENS
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
 from verispec.runtime.scheduler import Scheduler
 from verispec.runtime.types import GenerationResult, Metrics, Request, Row
@@ -53,6 +54,11 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = {int(t) for t in eos_token_ids}
         self._next_key = 0
+
+    @property
+    def proposes_trees(self) -> bool:
+        """Whether the drafter proposes token trees (then only tree-safe rules verify)."""
+        return bool(getattr(self.drafter, "proposes_trees", False))
 
     # -- text ------------------------------------------------------------------------------------------------
     def decode(self, ids: Sequence[int]) -> str:
@@ -80,7 +86,7 @@ class Engine:
         if not isinstance(rule, Rule):
             raise ValueError(f"rule must be a rule name or a Rule, got {type(rule).__name__}")
         check_gamma(req.gamma)
-        if getattr(self.drafter, "name", "") == "tree":
+        if self.proposes_trees:
             check_tree_rule(rule)
         if isinstance(req.max_new_tokens, bool) or not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}")
@@ -240,7 +246,7 @@ class Engine:
         rule: Rule | str | Sequence[Rule | str] = "lossless",
         sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
         gamma: int | str | None | Sequence[int | str | None] = None,
-        max_new_tokens: int | Sequence[int] = 128,
+        max_new_tokens: int | Sequence[int] = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] | Sequence[Sequence[str]] = (),
         seed: int | Sequence[int] = 0,
         chat: bool | Sequence[bool] = False,

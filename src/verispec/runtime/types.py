@@ -12,6 +12,7 @@ import torch
 
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
+from verispec.defaults import DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["GenerationResult", "Metrics", "Request", "Row"]
 
@@ -142,7 +143,7 @@ class Request:
     rule: Rule | str = "lossless"
     sampling: SamplingConfig | None = None
     gamma: int | str | None = None
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     stop: Sequence[str] = ()
     seed: int = 0
     chat: bool = False

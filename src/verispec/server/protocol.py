@@ -309,7 +309,7 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
         vocab = engine.target.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise APIError(400, f"{param}: token id out of the vocabulary [0, {vocab})", param=param)
-        if getattr(engine.drafter, "name", "") == "tree":
+        if engine.proposes_trees:
             try:
                 check_tree_rule(settings.rule)
             except ValueError as exc:
