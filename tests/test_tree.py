@@ -12,7 +12,7 @@ from verispec.backends.base import ScoreRequest
 from verispec.backends.hf import HFBackend
 from verispec.core.rules import get
 from verispec.core.sampling import SamplingConfig, history_counts, process
-from verispec.core.verify.tree import TokenTree, tree_attention
+from verispec.core.verify.tree import TokenTree, ancestor_matrix, tree_depths, tree_path
 from verispec.drafters.tree import TreeDrafter
 from verispec.runtime.engine import Engine
 from verispec.runtime.types import Request
@@ -54,16 +54,15 @@ def target():
 
 
 # -- tree attention ------------------------------------------------------------------------------------------
-def test_tree_attention_layout():
-    mask, pos = tree_attention([-1, -1, 0, 2], num_new=4, past_linear=3, feed=2)
-    allowed = mask[0, 0] == 0
-    assert allowed.shape == (6, 9)
-    assert allowed[0].tolist() == [True] * 4 + [False] * 5  # fed linear tokens: causal
-    assert allowed[1].tolist() == [True] * 5 + [False] * 4
-    assert allowed[2, 5:].tolist() == [True, False, False, False]
-    assert allowed[3, 5:].tolist() == [False, True, False, False]
-    assert allowed[5, 5:].tolist() == [True, False, True, True]  # node 3: ancestors 0, 2 and itself
-    assert pos.tolist() == [[3, 4, 5, 5, 6, 7]]
+def test_tree_structure_helpers():
+    parents = [-1, -1, 0, 2]
+    assert tree_depths(parents) == [1, 1, 2, 3]
+    assert tree_path(parents, 3) == [0, 2, 3] and tree_path(parents, -1) == []
+    anc = ancestor_matrix(parents)
+    assert anc[3].tolist() == [True, False, True, True]  # node 3: ancestors 0, 2 and itself
+    assert anc[1].tolist() == [False, True, False, False]
+    with pytest.raises(ValueError, match="parent"):
+        tree_depths([-1, 1])
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

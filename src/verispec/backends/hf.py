@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from verispec.backends.base import ScoreRequest, common_prefix_len, is_chain, plan_requests
+from verispec.core.verify.tree import ancestor_matrix, tree_depths
 
 __all__ = ["HFBackend"]
 
@@ -33,11 +34,10 @@ class _Row:
     slots: list[int] = field(default_factory=list)  # their cache slots, in order
     p_tokens: list[int] = field(default_factory=list)  # pending proposal nodes
     p_parents: list[int] = field(default_factory=list)
-    p_depths: list[int] = field(default_factory=list)
     p_slots: list[int] = field(default_factory=list)
 
     def drop_pending(self) -> None:
-        self.p_tokens, self.p_parents, self.p_depths, self.p_slots = [], [], [], []
+        self.p_tokens, self.p_parents, self.p_slots = [], [], []
 
     def sync(self, ids: list[int]) -> list[int]:
         """Roll back to the longest prefix shared with ``ids[:-1]``; return the tokens to feed (>= 1)."""
@@ -199,10 +199,7 @@ class HFBackend:
             if any(not 0 <= t < vocab for t in list(req.ids[-1:]) + list(req.tokens)):
                 raise ValueError(f"token id out of the vocabulary [0, {vocab})")
             feed = r.sync(req.ids)
-        depths = list(r.p_depths)
-        for par in req.parents:
-            depths.append(1 if par < 0 else depths[par] + 1)
-        new_depths = depths[len(depths) - len(req.tokens) :]
+        new_depths = tree_depths(r.p_parents + list(req.parents))[len(r.p_parents) :]
         linear = len(r.tokens) + len(feed)
         deepest = max(new_depths, default=0)
         if linear + deepest > self.max_context:
@@ -245,14 +242,12 @@ class HFBackend:
         r = self._rows[req.row]
         return req.ids is not None and is_chain(req.parents) and r.slots == list(range(len(r.slots)))
 
-    def _record(self, r: _Row, feed: list[int], tokens: list[int], parents: list[int], depths: list[int],
-                first_slot: int) -> None:
+    def _record(self, r: _Row, feed: list[int], tokens: list[int], parents: list[int], first_slot: int) -> None:
         r.tokens.extend(feed)
         r.slots.extend(range(first_slot, first_slot + len(feed)))
         s = first_slot + len(feed)
         r.p_tokens.extend(tokens)
         r.p_parents.extend(parents)
-        r.p_depths.extend(depths)
         r.p_slots.extend(range(s, s + len(tokens)))
 
     def _forward_fast(self, req: ScoreRequest, plan: dict) -> torch.Tensor:
@@ -268,7 +263,7 @@ class HFBackend:
         keep = len(tokens) + 1
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.cache = out.past_key_values
-        self._record(r, feed, tokens, list(req.parents), plan["depths"], n)
+        self._record(r, feed, tokens, list(req.parents), n)
         self._len = n + ids.shape[1]
         return out.logits[0, -keep:].float().cpu()  # verification runs on the CPU in float64
 
@@ -300,11 +295,11 @@ class HFBackend:
             n_old = len(r.p_tokens)
             all_parents = r.p_parents + list(req.parents)
             all_slots = r.p_slots + list(range(length + nf, length + nf + nn))
-            anc: list[list[int]] = [[] for _ in all_parents]
-            for i, par in enumerate(all_parents):
-                anc[i] = (anc[par] if par >= 0 else []) + [all_slots[i]]
-            for k in range(nn):
-                allowed[b, nf + k, anc[n_old + k]] = True
+            if nn:  # a node sees its ancestors and itself (the tree's one mask rule, core's ancestor relation)
+                anc = ancestor_matrix(all_parents)[n_old:]
+                slots = torch.tensor(all_slots, dtype=torch.long)
+                for k in range(nn):
+                    allowed[b, nf + k, slots[anc[k]]] = True
             ids[b, : nf + nn] = torch.tensor(feed + tokens, dtype=torch.long)
             linear = len(r.tokens) + nf
             pos[b, :nf] = torch.arange(len(r.tokens), linear)
@@ -312,7 +307,7 @@ class HFBackend:
                 pos[b, nf : nf + nn] = torch.tensor(plan["depths"], dtype=torch.long) + (linear - 1)
             first = nf - 1 if nf else nf
             picks.append((b, first, nf + nn - first))
-            self._record(r, feed, tokens, list(req.parents), plan["depths"], length)
+            self._record(r, feed, tokens, list(req.parents), length)
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         out = self.model(

@@ -23,6 +23,7 @@ from verispec.backends.base import chain_parents, is_chain
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
 from verispec.core.schedule import AdaptiveGamma
+from verispec.core.verify.tree import tree_depths
 from verispec.defaults import DEFAULT_GAMMA
 
 __all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "check_gamma"]
@@ -64,10 +65,7 @@ class Proposal:
     @property
     def depth(self) -> int:
         """Longest root-to-leaf path: the most drafted tokens one round can accept."""
-        depths: list[int] = []
-        for par in self.parents:
-            depths.append(1 if par < 0 else depths[par] + 1)
-        return max(depths, default=0)
+        return max(tree_depths(self.parents), default=0)
 
     def child_q(self) -> dict[int, torch.Tensor]:
         """For sampled proposals: node (-1 = root) -> the q its children were drawn from."""

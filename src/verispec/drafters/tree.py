@@ -29,6 +29,7 @@ import torch
 from verispec.backends.base import Backend, ScoreRequest
 from verispec.core.sampling import History, process
 from verispec.core.verify.chain import sample_categorical
+from verispec.core.verify.tree import tree_path
 from verispec.drafters.base import DraftRequest, Proposal
 from verispec.drafters.model import ModelDrafter
 
@@ -49,11 +50,7 @@ class _Tree:
     level: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (node, logits after it)
 
     def path(self, node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+        return tree_path(self.parents, node)
 
 
 class TreeDrafter(ModelDrafter):

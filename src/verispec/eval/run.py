@@ -345,9 +345,9 @@ def run_sweep(
         bar = _progress(len(todo), progress)
         stats = {"passed": 0, "be": 0.0}
 
-        def fail(unit: WorkUnit, exc: BaseException) -> None:  # logged; the unit is retried on the next start
+        def fail(unit: WorkUnit, exc: BaseException | str) -> None:  # logged; the unit is retried on the next start
             summary.failed += 1
-            msg = f"{type(exc).__name__}: {exc}"
+            msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
             summary.failures.append(f"{unit.key}: {msg}")
             log_failure(run_dir, unit.key, msg)
             say(f"FAILED {unit.key}: {msg}")
@@ -370,36 +370,29 @@ def run_sweep(
             tick(unit)
 
         sched = Scheduler(execute.engine, max_batch=batch_size)
-        queue = list(todo)
-        live: dict[int, tuple[WorkUnit, list[int], Any]] = {}
         with open(plan.results_path, "ab") as out:
-            while queue or live:
-                while queue and len(live) < batch_size:  # keep the batch full: a finished unit's row is refilled
-                    unit = queue.pop(0)
-                    try:
-                        ids = execute.prompt(unit)
-                        handle = sched.submit(unit_request(unit, cfg, ids))
-                    except Exception as exc:
-                        fail(unit, exc)
-                    else:
-                        live[handle.id] = (unit, ids, handle)
-                if not live:
-                    continue
+            # the Scheduler is the one queue: every unit waits there and joins the batch as a row frees up
+            # (continuous batching, in grid order); a finished unit is graded and written at once
+            def done(handle: Any, unit: WorkUnit, ids: list[int]) -> None:
+                if handle.error is not None:
+                    fail(unit, handle.error)  # "ExceptionType: message" of the failed round
+                    return
+                try:
+                    finish(out, unit, ids, handle.result)
+                except Exception as exc:
+                    fail(unit, exc)
+
+            for unit in todo:
+                try:
+                    ids = execute.prompt(unit)
+                    sched.submit(unit_request(unit, cfg, ids), on_done=lambda h, u=unit, i=ids: done(h, u, i))
+                except Exception as exc:
+                    fail(unit, exc)
+            while not sched.idle:
                 try:
                     sched.step()
-                except Exception as exc:  # the round's rows fail (the scheduler has released them)
-                    for hid, (unit, _, handle) in list(live.items()):
-                        if handle.done:
-                            del live[hid]
-                            fail(unit, exc)
+                except Exception:  # the round's rows failed (their on_done saw the error); the rest go on
                     continue
-                for hid, (unit, ids, handle) in list(live.items()):
-                    if handle.done:
-                        del live[hid]
-                        try:
-                            finish(out, unit, ids, handle.result)
-                        except Exception as exc:
-                            fail(unit, exc)
         if bar is not None:
             bar.close()
     summary.seconds = time.perf_counter() - start

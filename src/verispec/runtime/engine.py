@@ -31,6 +31,7 @@ from verispec.core.verify.tree import TokenTree, check_tree_rule, verify_tree
 from verispec.defaults import DEFAULT_MAX_NEW_TOKENS
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
 from verispec.runtime.scheduler import Scheduler
+from verispec.runtime.text import find_stop
 from verispec.runtime.types import GenerationResult, Metrics, Request, Row
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
@@ -225,18 +226,12 @@ class Engine:
                 r.history.extend([tok])
             if tok in self.eos_token_ids:
                 r.finish = "stop"
-            elif stop and (hit := self._find_stop(r.new, stop)) is not None:
+            elif stop and (hit := find_stop(self.decode(r.new), stop)) is not None:
                 r.finish, r.stop_at = "stop", hit
             elif len(r.new) >= r.request.max_new_tokens or len(r.ids) >= self.target.max_context:
                 r.finish = "length"
             if r.finish is not None:
                 return
-
-    def _find_stop(self, new: list[int], stop: Sequence[str]) -> int | None:
-        """Index in the decoded output where the earliest stop string begins, or None."""
-        text = self.decode(new)
-        hits = [i for s in stop if s and (i := text.find(s)) >= 0]
-        return min(hits) if hits else None
 
     # -- convenience ------------------------------------------------------------------------------------------
     def generate(

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the engine drives rows through a scheduler; the scheduler o
 __all__ = ["Handle", "Scheduler"]
 
 TokenCallback = Callable[["Handle", list[int]], None]
+DoneCallback = Callable[["Handle"], None]
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Handle:
     id: int
     request: Request
     on_tokens: TokenCallback | None = None
+    on_done: DoneCallback | None = None
     tokens: list[int] = field(default_factory=list)
     result: GenerationResult | None = None
     error: str | None = None
@@ -57,6 +59,7 @@ class Scheduler:
         self.running: list[Handle] = []
         self._lock = threading.Lock()
         self._next = 0
+        self._finished: list[Handle] = []
 
     @property
     def idle(self) -> bool:
@@ -66,12 +69,14 @@ class Scheduler:
     def queue_depth(self) -> int:
         return len(self.waiting)
 
-    def submit(self, request: Request, on_tokens: TokenCallback | None = None) -> Handle:
+    def submit(self, request: Request, on_tokens: TokenCallback | None = None,
+               on_done: DoneCallback | None = None) -> Handle:
         """Validate and enqueue; raises ValueError naming the problem for bad input. The request holds no cache
-        row while it waits (waiting rows would otherwise ride along in every batched forward)."""
+        row while it waits (waiting rows would otherwise ride along in every batched forward). ``on_done(handle)``
+        runs on the stepping thread once the handle is finished (done, failed or cancelled)."""
         prepared = self.engine.prepare(request)
         with self._lock:
-            h = Handle(self._next, request, on_tokens)
+            h = Handle(self._next, request, on_tokens, on_done)
             h.prepared = prepared
             self._next += 1
             self.waiting.append(h)
@@ -93,6 +98,15 @@ class Scheduler:
         if h.cancelled and h.error is None and not finished_by_itself:
             h.result.finish_reason = "cancelled"  # type: ignore[union-attr]
         h.done_event.set()
+        self._finished.append(h)
+
+    def _notify(self) -> None:
+        """Run the ``on_done`` callbacks of the handles retired so far (outside the lock: they may submit)."""
+        with self._lock:
+            finished, self._finished = self._finished, []
+        for h in finished:
+            if h.on_done is not None:
+                h.on_done(h)
 
     def step(self) -> list[tuple[Handle, list[int]]]:
         """Admit, run one round, retire; returns (handle, new tokens) for every row that ran."""
@@ -115,6 +129,7 @@ class Scheduler:
                 self.running.append(h)
             batch = list(self.running)
         if not batch:
+            self._notify()
             return []
         try:
             new = self.engine.step([h.row for h in batch])  # type: ignore[misc]
@@ -126,6 +141,7 @@ class Scheduler:
                 for h in batch:
                     self.running.remove(h)
                     self._retire(h)
+            self._notify()
             raise
         events = []
         for h, toks in zip(batch, new, strict=True):
@@ -138,6 +154,7 @@ class Scheduler:
                 if h.row.done:  # type: ignore[union-attr]
                     self.running.remove(h)
                     self._retire(h)
+        self._notify()
         return events
 
     def run(self) -> None:

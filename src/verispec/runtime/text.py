@@ -17,9 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["TextStream"]
+__all__ = ["TextStream", "find_stop"]
 
 REPLACEMENT = "\ufffd"
+
+
+def find_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Index in ``text`` where the earliest stop string begins, or None: the one stop matcher of the engine (which
+    ends a row there) and of :class:`TextStream` (which releases text up to there)."""
+    hits = [i for s in stop if s and (i := text.find(s)) >= 0]
+    return min(hits) if hits else None
 
 
 class TextStream:
@@ -39,10 +46,9 @@ class TextStream:
             return ""
         self.ids.extend(int(t) for t in ids)
         text = self._decode(self.ids)
-        hits = [i for s in self.stop if (i := text.find(s)) >= 0]
-        if hits:
+        if (hit := find_stop(text, self.stop)) is not None:
             self.stopped = True
-            self.text = text[: min(hits)]
+            self.text = text[:hit]
             return self._release(len(self.text))
         self.text = text
         ready = len(text)

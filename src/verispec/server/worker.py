@@ -6,17 +6,15 @@ threads at once. HTTP handlers hand over a :class:`Job` (a ``build`` function th
 :class:`~verispec.runtime.engine.Request`, run here at once, plus a :class:`JobListener`) and are told what happens
 through the listener, always from this thread:
 
-- ``admitted()``: ``build`` succeeded; the request waits for a batch slot or runs;
-- ``rejected(exc)``: ``build`` or ``Scheduler.submit`` raised (bad input), the job was cancelled before it ran,
-  or the server stopped; nothing ran;
+- ``admitted()``: ``build`` and ``Scheduler.submit`` succeeded; the request waits for a batch slot or runs;
+- ``rejected(exc)``: ``build`` or ``Scheduler.submit`` raised (bad input), the job was cancelled before it was
+  built, or the server stopped first; nothing ran;
 - ``tokens(ids)``: the ids a round committed (streaming);
 - ``done(handle)``: the handle is finished (``handle.result``; ``handle.error`` when its round failed;
-  ``finish_reason == "cancelled"`` when it was cancelled while running).
+  ``finish_reason == "cancelled"`` when it was cancelled while waiting or running).
 
-Built requests wait HERE, not in the Scheduler's queue, until the batch has a free slot: ``Scheduler.submit``
-allocates the request's engine rows at once, and the transformers backend runs every allocated row in every
-forward, so a request waiting inside the Scheduler would cost compute in each round of the running ones (and
-take the single-row fast path away).
+A built request goes straight into the Scheduler, the one queue: it holds no engine row while it waits (rows are
+allocated at admission), so the worker keeps no queue of its own beyond the jobs not built yet.
 
 A round that raises fails only the rows of that round (the Scheduler marks them and re-raises); the worker
 counts it and goes on. A listener that raises is logged and ignored.
@@ -80,8 +78,6 @@ class Worker:
         self._observe, self._on_round_error = observe, on_round_error
         self._cv = threading.Condition()
         self._pending: deque[Job] = deque()  # handed over, not built yet
-        self._ready: deque[Job] = deque()  # built, waiting for a batch slot
-        self._jobs: list[Job] = []  # admitted, not yet done
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.round_failures = 0
@@ -107,8 +103,8 @@ class Worker:
 
     @property
     def pending(self) -> int:
-        """Jobs handed over but not yet in the Scheduler (being built, or waiting for a batch slot)."""
-        return len(self._pending) + len(self._ready)
+        """Jobs handed over but not yet built (the Scheduler's ``queue_depth`` counts those waiting for a slot)."""
+        return len(self._pending)
 
     def submit(self, job: Job) -> None:
         """Hand a job over; its listener hears back on the worker thread."""
@@ -130,15 +126,14 @@ class Worker:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._pending and not self._ready and self.scheduler.idle:
+                while not self._stopping and not self._pending and self.scheduler.idle:
                     self._cv.wait()
                 if self._stopping:
                     break
                 pending = list(self._pending)
                 self._pending.clear()
             for job in pending:
-                self._build(job)
-            self._admit()
+                self._submit(job)
             self._call_observe()
             if not self.scheduler.idle:
                 try:
@@ -148,60 +143,42 @@ class Worker:
                     log.exception("an engine round failed; its requests get the error, the server goes on")
                     if self._on_round_error is not None:
                         self._safe(self._on_round_error, exc)
-            self._reap()
             self._call_observe()
         self._shutdown()
 
-    def _build(self, job: Job) -> None:
+    def _submit(self, job: Job) -> None:
+        """Build the request and hand it to the Scheduler; bad input is the listener's 4xx."""
         if job.cancelled:
             self._safe(job.listener.rejected, RuntimeError("cancelled before it started"))
             return
         try:
             job.request = job.build(self.engine)
-        except Exception as exc:  # bad input: the listener turns it into a 4xx
+            job.handle = self.scheduler.submit(
+                job.request,
+                on_tokens=lambda _h, ids, j=job: self._safe(j.listener.tokens, ids),
+                on_done=lambda h, j=job: self._safe(j.listener.done, h),
+            )
+        except Exception as exc:
             self._safe(job.listener.rejected, exc)
             return
-        self._ready.append(job)
         self._safe(job.listener.admitted)
-
-    def _admit(self) -> None:
-        """Move built jobs into the Scheduler while the batch has free slots."""
-        sched = self.scheduler
-        while self._ready and len(sched.running) + sched.queue_depth < sched.max_batch:
-            job = self._ready.popleft()
-            if job.cancelled:
-                self._safe(job.listener.rejected, RuntimeError("cancelled before it started"))
-                continue
-            try:
-                job.handle = sched.submit(job.request, on_tokens=lambda _h, ids, j=job: self._safe(j.listener.tokens,
-                                                                                                  ids))
-            except Exception as exc:  # the engine's own validation (after admitted(): reported as a failure)
-                self._safe(job.listener.rejected, exc)
-                continue
-            self._jobs.append(job)
-            if job.cancelled:
-                sched.cancel(job.handle)
-
-    def _reap(self) -> None:
-        for job in [j for j in self._jobs if j.handle is not None and j.handle.done]:
-            self._jobs.remove(job)
-            self._safe(job.listener.done, job.handle)
+        if job.cancelled:  # cancelled while it was being built
+            self.scheduler.cancel(job.handle)
 
     def _shutdown(self) -> None:
         with self._cv:
-            pending = list(self._pending) + list(self._ready)
+            pending = list(self._pending)
             self._pending.clear()
-            self._ready.clear()
         for job in pending:
             self._safe(job.listener.rejected, RuntimeError("the server is shutting down"))
-        for job in self._jobs:
-            self.scheduler.cancel(job.handle)  # type: ignore[arg-type]
+        sched = self.scheduler
+        for handle in list(sched.waiting) + list(sched.running):
+            sched.cancel(handle)
         try:
-            while not self.scheduler.idle:  # cancelled rows are retired without running a round
-                self.scheduler.step()
+            while not sched.idle:  # cancelled rows are retired without running a round; their listeners hear done
+                sched.step()
         except Exception:
             log.exception("releasing rows at shutdown failed")
-        self._reap()
         self._call_observe()
 
     def _call_observe(self) -> None:

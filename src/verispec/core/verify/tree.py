@@ -52,8 +52,8 @@ __all__ = [
     "candidate_q",
     "select_child",
     "tree_acceptance",
-    "tree_attention",
     "tree_depths",
+    "tree_path",
     "verify_tree",
 ]
 
@@ -82,43 +82,13 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     return anc
 
 
-def tree_attention(
-    parents: Sequence[int],
-    num_new: int,
-    past_linear: int,
-    feed: int,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Additive 4-D attention mask and position ids for one forward over ``feed`` linear tokens then the last
-    ``num_new`` nodes of a tree, after a cache of ``past_linear`` linear tokens and the tree's earlier nodes.
-
-    ``parents`` covers every tree node (the earlier ones, already cached after the linear part, then the new
-    ones). Key columns: the linear tokens (cached, then fed), then the tree nodes in index order. A fed linear
-    token attends causally; a node attends to every linear token and to its ancestors and itself. Positions:
-    linear token t sits at t; a node at depth d at ``past_linear + feed - 1 + d``. Returns
-    (mask [1, 1, feed + num_new, past_linear + feed + len(parents)], position_ids [1, feed + num_new]).
-    """
-    n_all = len(parents)
-    n_old = n_all - num_new
-    if num_new < 0 or n_old < 0:
-        raise ValueError(f"num_new={num_new} does not fit a tree of {n_all} nodes")
-    if feed and n_old:
-        raise ValueError("linear tokens cannot be fed while tree nodes are cached")
-    linear = past_linear + feed
-    if linear < 1:
-        raise ValueError("a tree needs at least one linear token (its root) before it")
-    depths = tree_depths(parents)
-    anc = ancestor_matrix(parents)
-    allowed = torch.zeros(feed + num_new, linear + n_all, dtype=torch.bool)
-    if feed:
-        allowed[:feed, :linear] = torch.ones(feed, linear, dtype=torch.bool).tril(past_linear)
-    allowed[feed:, :linear] = True
-    allowed[feed:, linear:] = anc[n_old:]
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    pos = list(range(past_linear, linear)) + [linear - 1 + d for d in depths[n_old:]]
-    return mask[None, None].to(device), torch.tensor([pos], dtype=torch.long, device=device)
+def tree_path(parents: Sequence[int], node: int) -> list[int]:
+    """Node indices from the root's first child down to ``node`` (empty for the root, -1)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 @dataclass
@@ -160,11 +130,7 @@ class TokenTree:
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to ``node`` (empty for the root)."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return tree_path(self.parents, node)
 
     def path_tokens(self, node: int) -> list[int]:
         return [self.tokens[i] for i in self.path_to(node)]
