@@ -91,3 +91,17 @@ def test_power_table_uses_measured_sd(toy_runs):
     assert r["n_pairs"] == len(d) == 8
     assert r["sd_be"] == pytest.approx(d["d_be"].std(ddof=1))
     assert r["n_be"] == pytest.approx(n_required(claim.delta_be, r["sd_be"]))
+
+
+def test_bench_power_commands(toy_runs, tmp_path):
+    from click.testing import CliRunner
+
+    from verispec.cli.bench import bench
+
+    csv = tmp_path / "coupling.csv"
+    res = CliRunner().invoke(bench, ["power", "coupling", str(toy_runs["common"]), str(toy_runs["independent"]),
+                                     "--csv", str(csv)])
+    assert res.exit_code == 0, res.output
+    assert "lenience(l=1.0)" in res.output and csv.exists()
+    res = CliRunner().invoke(bench, ["power", "table", str(tmp_path / "missing")])
+    assert res.exit_code != 0 and "missing" in res.output

@@ -10,6 +10,10 @@ A click group (``bench``) registered on the main CLI. Commands::
     verispec bench compare RUN_A [RUN_B] [--pair LOSSY=BASELINE ...] [--out FILE.md]  # gap in A vs gap in B
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
     verispec bench be-curves LOG --out DIR [--gamma 5] [--fine] [--n-boot 2000] [--seed 0]
+    verispec bench power table RUN_DIR [--csv FILE]                    # power analysis + plan (POWER.md)
+    verispec bench power coupling COMMON_DIR INDEPENDENT_DIR [--csv FILE]
+    verispec bench figure4 log RUN_DIR --out DISTS.pt [...]            # Figure 4 on real pairs (p, q logged)
+    verispec bench figure4 report DISTS.pt --out DIR [...]
 
 ``run`` resumes: started again on the same RUN_DIR it skips the units already in ``results.jsonl``.
 Errors in the user's input exit with status 1 and one line on stderr.
@@ -278,6 +282,118 @@ def be_curves_cmd(log_path: str, out_dir: str, gamma: int, fine: bool, n_boot: i
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     for path in files.values():
+        click.echo(f"wrote {path}")
+
+
+@bench.group(name="power")
+def power_group() -> None:
+    """Power analysis of a run's paired comparisons and the coupling comparison (docs/results/POWER.md)."""
+
+
+@power_group.command(name="table")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False), help="Also write the table as CSV.")
+def power_table_cmd(run_dir: str, csv_path: str | None) -> None:
+    """Paired sd, pairs needed per claim and the plan at the run's measured throughput."""
+    from verispec.studies.power import plan_markdown, power_markdown, power_table, throughput
+
+    try:
+        tab = power_table(run_dir)
+        rate = throughput(run_dir)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    click.echo(power_markdown(tab))
+    click.echo()
+    click.echo(plan_markdown(tab, rate["units_per_hour"]))
+    click.echo(f"\nthroughput of {run_dir}: {rate}")
+    if csv_path:
+        tab.to_csv(csv_path, index=False)
+
+
+@power_group.command(name="coupling")
+@click.argument("common_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("independent_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False), help="Also write the table as CSV.")
+def power_coupling_cmd(common_dir: str, independent_dir: str, csv_path: str | None) -> None:
+    """Paired variance under common vs independent random numbers, with bootstrap intervals of the ratio."""
+    from verispec.studies.power import coupling_markdown, coupling_table, throughput
+
+    try:
+        tab = coupling_table(common_dir, independent_dir)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    click.echo(coupling_markdown(tab))
+    for d in (common_dir, independent_dir):
+        click.echo(f"\nthroughput of {d}: {throughput(d)}")
+    if csv_path:
+        tab.to_csv(csv_path, index=False)
+
+
+@bench.group(name="figure4")
+def figure4_group() -> None:
+    """Figure 4 on real pairs: log p and q along a run's outputs, then simulate and plot from the log."""
+
+
+@figure4_group.command(name="log")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="DistLog file to write (resumed when it exists).")
+@click.option("--per-task", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--method", default="lossless", show_default=True, help="Whose outputs to log (a method of the run).")
+@click.option("--top-k", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--dense-check", default=0, type=click.IntRange(min=0), metavar="N",
+              help="Also log the N shortest selected outputs of each task densely and write lumping_check.csv next "
+                   "to --out.")
+def figure4_log_cmd(run_dir: str, out_path: str, per_task: int, seed: int, method: str, top_k: int, threads: int,
+                    dense_check: int) -> None:
+    """Log p, q along a run's outputs (needs the run's models)."""
+    from pathlib import Path
+
+    from verispec.studies.figure4_real import dense_check as run_dense_check
+    from verispec.studies.figure4_real import log_reference, select_reference
+
+    try:
+        log_reference(run_dir, out_path, per_task=per_task, seed=seed, method=method, top_k=top_k, threads=threads,
+                      say=click.echo)
+        if dense_check:
+            recs = select_reference(run_dir, per_task, seed, method)
+            keys = []
+            for task in dict.fromkeys(r["task"] for r in recs):
+                mine = sorted((r for r in recs if r["task"] == task), key=lambda r: len(r["token_ids"]))
+                keys += [r["key"] for r in mine[:dense_check]]
+            df = run_dense_check(run_dir, keys, top_k=top_k, threads=threads)
+            path = Path(out_path).parent / "lumping_check.csv"
+            df.to_csv(path, index=False, float_format="%.6g")
+            click.echo(f"wrote {path}")
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+@figure4_group.command(name="report")
+@click.argument("log_path", metavar="LOG", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--pairs", "n_pairs", default=500, show_default=True, type=click.IntRange(min=2),
+              help="Simulated pairs per triplet.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--draft-truncation", type=click.Choice(["none", "same"]), default="same", show_default=True)
+@click.option("--no-ablation", is_flag=True)
+@click.option("--other-log", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="DistLog of the min-p baseline's own outputs (same problems).")
+@click.option("--run-dir", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Run directory, for the measured BE of the logged outputs.")
+def figure4_report_cmd(log_path: str, out_dir: str, n_pairs: int, seed: int, draft_truncation: str,
+                       no_ablation: bool, other_log: str | None, run_dir: str | None) -> None:
+    """CSV, figure and statistics from a saved log."""
+    from verispec.studies.figure4_real import report
+
+    try:
+        paths = report(log_path, out_dir, n_pairs=n_pairs, seed=seed, draft_truncation=draft_truncation,
+                       ablation=not no_ablation, other_log=other_log, run_dir=run_dir)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    for path in paths.values():
         click.echo(f"wrote {path}")
 
 

@@ -39,14 +39,13 @@ import numpy as np
 import pandas as pd
 
 from verispec.eval.metrics import record_accepted_fraction, record_emitted_accepted
+from verispec.eval.stats import BOOT_SEED, N_BOOT, cluster_weights, format_ci, percentile_interval
 from verispec.eval.store import read_results
 
 __all__ = ["balanced", "compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs",
            "paired_delta", "per_seed", "per_setting", "problem_numbers", "select_problems", "shared_prefix",
            "write_report"]
 
-N_BOOT = 2000
-BOOT_SEED = 0
 CONTEXT = 80
 
 
@@ -161,18 +160,9 @@ def _delta_stat(mats: dict[str, np.ndarray], w: np.ndarray) -> tuple[np.ndarray,
         return np.nanmean(dbe, -1), np.nanmean(dacc, -1), np.nanmean(dds, -1)
 
 
-def _bootstrap_weights(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
-    """[n_boot, C] multinomial counts: clusters resampled with replacement."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot).astype(float)
-
-
 def _interval(x: np.ndarray, n_clusters: int) -> tuple[float, float]:
-    if n_clusters < 2:
-        return math.nan, math.nan
-    with _quiet():
-        lo, hi = np.nanpercentile(x, [2.5, 97.5])
-    return float(lo), float(hi)
+    """95% percentile interval of cluster-bootstrap values; undefined with fewer than two clusters."""
+    return percentile_interval(x) if n_clusters >= 2 else (math.nan, math.nan)
 
 
 def paired_delta(pairs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict:
@@ -186,7 +176,7 @@ def paired_delta(pairs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = BOOT_SEE
     C = len(clusters)
     mats = _cluster_sums(pairs, clusters)
     point = [float(x[0]) for x in _delta_stat(mats, np.ones((1, C)))]
-    dbe, dacc, _ = _delta_stat(mats, _bootstrap_weights(C, n_boot, seed))
+    dbe, dacc, _ = _delta_stat(mats, cluster_weights(C, n_boot, seed))
     lo_be, hi_be = _interval(dbe, C)
     lo_acc, hi_acc = _interval(dacc, C)
     return {"d_be": point[0], "d_be_lo": lo_be, "d_be_hi": hi_be,
@@ -211,7 +201,7 @@ def gap_difference(df_a: pd.DataFrame, df_b: pd.DataFrame, lossy: str, base: str
     C = len(clusters)
     ma, mb = _cluster_sums(pa, clusters), _cluster_sums(pb, clusters)
     out: dict = {"lossy": lossy, "baseline": base, "n_pairs": int(len(pa)), "n_problems": C}
-    w = _bootstrap_weights(C, n_boot, seed)
+    w = cluster_weights(C, n_boot, seed)
     one = np.ones((1, C))
     pa_pt, pb_pt = _delta_stat(ma, one), _delta_stat(mb, one)  # each statistic once per run: (dBE, dAcc, dDS)
     pa_bs, pb_bs = _delta_stat(ma, w), _delta_stat(mb, w)
@@ -407,12 +397,7 @@ def _methods_md(mt: pd.DataFrame, tasks: list[str], rule_order: list[str]) -> st
 
 
 def _ci(point: float, lo: float, hi: float, digits: int) -> str:
-    if math.isnan(point):
-        return "-"
-    s = f"{point:+.{digits}f}"
-    if not (math.isnan(lo) or math.isnan(hi)):
-        s += f" [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-    return s
+    return format_ci(point, lo, hi, f"{{:+.{digits}f}}", missing="-")
 
 
 def _delta_md(dt: pd.DataFrame) -> str:

@@ -47,6 +47,7 @@ from verispec.core.rules import Rule, matched_baseline
 from verispec.eval.estimator import DistLog, be_iid, be_trajectory, position_stats
 from verispec.eval.grid import PAPER_PARAM_MAPS, PRESETS, setting
 from verispec.eval.report import md_table
+from verispec.eval.stats import cluster_weights, format_ci, percentile_interval
 
 __all__ = [
     "BECurves",
@@ -224,12 +225,7 @@ class BECurves:
     _be: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def _interval(self, boot: np.ndarray) -> tuple[float, float]:
-        boot = boot[np.isfinite(boot)]
-        if boot.size == 0:
-            return math.nan, math.nan
-        q = 100 * (1 - self.level) / 2
-        lo, hi = np.percentile(boot, [q, 100 - q])
-        return float(lo), float(hi)
+        return percentile_interval(boot, self.level, finite_only=True)
 
     def contrast(self, c: Contrast, task: str = "all") -> tuple[float, float, float]:
         """(point, lo, hi) of the contrast on a task group ("all" or a task)."""
@@ -300,7 +296,7 @@ def be_curves(log: DistLog, grid: Sequence[Curve] | None = None, gamma: int = 5,
 
     rows = []
     for task, idx in groups.items():
-        w = np.random.default_rng(seed).multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=n_boot)
+        w = cluster_weights(len(idx), n_boot, seed)
         w = w.astype(float)
         with np.errstate(invalid="ignore", divide="ignore"):
             point = acc[idx].sum(0) / rounds[idx].sum(0)
@@ -460,11 +456,7 @@ def shapes(res: BECurves) -> pd.DataFrame:
 
 
 def _ci(p: float, lo: float, hi: float, fmt: str = "{:+.4f}") -> str:
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return ""
-    if math.isnan(lo):
-        return fmt.format(p)
-    return f"{fmt.format(p)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+    return format_ci(p, lo, hi, fmt)
 
 
 def _small(x: float) -> str:

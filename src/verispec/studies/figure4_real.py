@@ -27,7 +27,6 @@ Command line (the models are needed for ``log`` only)::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -64,7 +63,6 @@ __all__ = [
     "generator_ablation",
     "log_pairs",
     "log_reference",
-    "main",
     "pair_stats",
     "plot_ablation",
     "plot_side_by_side",
@@ -506,52 +504,3 @@ def report(log_path: str | Path, out_dir: str | Path, *, n_pairs: int = 500, see
         paths["trajectory_effect"] = out_dir / "trajectory_effect.csv"
         eff.to_csv(paths["trajectory_effect"], index=False, float_format="%.6g")
     return paths
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m verispec.studies.figure4_real", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    lg = sub.add_parser("log", help="log p, q along a run's lossless outputs (needs the run's models)")
-    lg.add_argument("run_dir")
-    lg.add_argument("--out", required=True, help="DistLog file to write (resumed when it exists)")
-    lg.add_argument("--per-task", type=int, default=8)
-    lg.add_argument("--seed", type=int, default=0)
-    lg.add_argument("--method", default="lossless", help="whose outputs to log (a method name of the run)")
-    lg.add_argument("--top-k", type=int, default=64)
-    lg.add_argument("--threads", type=int, default=1)
-    lg.add_argument("--dense-check", type=int, default=0, metavar="N",
-                    help="also log the N shortest selected outputs of each task densely and write lumping_check.csv "
-                         "next to --out")
-    rp = sub.add_parser("report", help="CSV, figure and statistics from a saved log")
-    rp.add_argument("log")
-    rp.add_argument("--out", required=True, help="output directory")
-    rp.add_argument("--pairs", type=int, default=500, help="simulated pairs per triplet")
-    rp.add_argument("--seed", type=int, default=0)
-    rp.add_argument("--draft-truncation", choices=("none", "same"), default="same")
-    rp.add_argument("--no-ablation", action="store_true")
-    rp.add_argument("--other-log", default=None, help="DistLog of the min-p baseline's own outputs (same problems)")
-    rp.add_argument("--run-dir", default=None, help="run directory, for the measured BE of the logged outputs")
-    args = ap.parse_args(argv)
-    if args.cmd == "log":
-        log_reference(args.run_dir, args.out, per_task=args.per_task, seed=args.seed, method=args.method,
-                      top_k=args.top_k, threads=args.threads, say=print)
-        if args.dense_check:
-            recs = select_reference(args.run_dir, args.per_task, args.seed, args.method)
-            keys = []
-            for task in dict.fromkeys(r["task"] for r in recs):
-                mine = sorted((r for r in recs if r["task"] == task), key=lambda r: len(r["token_ids"]))
-                keys += [r["key"] for r in mine[: args.dense_check]]
-            df = dense_check(args.run_dir, keys, top_k=args.top_k, threads=args.threads)
-            path = Path(args.out).parent / "lumping_check.csv"
-            df.to_csv(path, index=False, float_format="%.6g")
-            print(f"wrote {path}")
-    else:
-        paths = report(args.log, args.out, n_pairs=args.pairs, seed=args.seed,
-                       draft_truncation=args.draft_truncation, ablation=not args.no_ablation,
-                       other_log=args.other_log, run_dir=args.run_dir)
-        for path in paths.values():
-            print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

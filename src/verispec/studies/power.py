@@ -23,7 +23,6 @@ quote (they are the same functions; nothing here is hard-coded but the paper's r
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from verispec.eval.report import load_frame, md_table
+from verispec.eval.stats import percentile_interval, resample_indices
 from verispec.eval.store import read_results
 
 __all__ = ["CLAIMS", "AVAILABLE_PAIRS", "Claim", "coupling_table", "design_effect", "n_for_halfwidth", "n_required",
@@ -249,13 +249,12 @@ def ratio_ci(common: pd.DataFrame, independent: pd.DataFrame, col: str, n_boot: 
     ratios = np.empty(n_boot)
     with np.errstate(divide="ignore", invalid="ignore"):
         for b in range(n_boot):
-            vc = np.concatenate([gc[j] for j in rng.integers(0, len(gc), len(gc))]).var(ddof=1)
-            vi = np.concatenate([gi[j] for j in rng.integers(0, len(gi), len(gi))]).var(ddof=1)
+            vc = np.concatenate([gc[j] for j in resample_indices(rng, len(gc))]).var(ddof=1)
+            vi = np.concatenate([gi[j] for j in resample_indices(rng, len(gi))]).var(ddof=1)
             ratios[b] = vi / vc if vc > 0 else (math.inf if vi > 0 else math.nan)
     if np.isnan(ratios).all():  # 0 / 0 in every resample: both runs' differences are all equal
         return math.nan, math.nan
-    lo, hi = np.nanpercentile(ratios, [2.5, 97.5], method="inverted_cdf")  # no interpolation: ratios may be inf
-    return float(lo), float(hi)
+    return percentile_interval(ratios, method="inverted_cdf")  # no interpolation: ratios may be inf
 
 
 def coupling_table(common_dir: str | Path, independent_dir: str | Path) -> pd.DataFrame:
@@ -343,39 +342,3 @@ def coupling_markdown(table: pd.DataFrame) -> str:
              f"{100 * r['discordant_common']:.0f}% / {100 * r['discordant_independent']:.0f}%"]
             for _, r in table.iterrows()]
     return md_table(header, rows)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``table RUN_DIR`` or ``coupling COMMON_DIR INDEPENDENT_DIR``: print the Markdown table (and CSV with
-    ``--csv PATH``)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m verispec.studies.power")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("table")
-    t.add_argument("run_dir")
-    c = sub.add_parser("coupling")
-    c.add_argument("common_dir")
-    c.add_argument("independent_dir")
-    for p in (t, c):
-        p.add_argument("--csv")
-    args = ap.parse_args(argv)
-    if args.cmd == "table":
-        tab = power_table(args.run_dir)
-        rate = throughput(args.run_dir)
-        print(power_markdown(tab))
-        print()
-        print(plan_markdown(tab, rate["units_per_hour"]))
-        print(f"\nthroughput of {args.run_dir}: {rate}")
-    else:
-        tab = coupling_table(args.common_dir, args.independent_dir)
-        print(coupling_markdown(tab))
-        for d in (args.common_dir, args.independent_dir):
-            print(f"\nthroughput of {d}: {throughput(d)}")
-    if args.csv:
-        tab.to_csv(args.csv, index=False)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
