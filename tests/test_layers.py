@@ -15,7 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "verispec"
 FLOORS: list[tuple[str, ...]] = [
     ("defaults",),
     ("core",),
-    ("analysis", "backends", "models", "eval.tasks", "eval.sandbox", "eval.metrics", "eval.store", "eval.stats"),
+    ("analysis", "backends", "models", "eval.tasks", "eval.sandbox", "eval.metrics", "eval.store", "eval.stats",
+     "integrations"),
     ("drafters",),
     ("runtime",),
     ("api",),
@@ -24,8 +25,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("studies",),
     ("cli",),
 ]
-#: where verispec modules may be imported inside functions
-LAZY_OK = ("cli",)
+#: where verispec modules may be imported inside functions: the CLI (start-up time) and the integrations (their
+#: patches import the host engine, which exists only in the host's processes)
+LAZY_OK = ("cli", "integrations")
 
 
 def _module_name(path: Path) -> str:
@@ -56,7 +58,10 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
             inner = nested or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
             if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
                 if child.module.startswith("verispec."):
-                    out.append((child.module.removeprefix("verispec."), inner))
+                    base = child.module.removeprefix("verispec.")
+                    # ``from verispec.a import b``: b may be a submodule of a
+                    subs = [f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in _module_names()]
+                    out.extend((m, inner) for m in subs or [base])
                 elif child.module == "verispec":
                     out.extend((alias.name, inner) for alias in child.names)
             elif isinstance(child, ast.Import):
@@ -69,6 +74,10 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
 
 
 MODULES = {_module_name(p): p for p in sorted(SRC.rglob("*.py")) if _module_name(p)}
+
+
+def _module_names() -> set[str]:
+    return set(MODULES)
 
 
 def _resolve(name: str) -> str:

@@ -104,7 +104,9 @@ def target_backend(name: str) -> str:
 
 
 def check_pairing(drafter: str, target_backend_name: str) -> None:
-    """ValueError when the drafter's proposals need a capability the target backend lacks (trees on llama.cpp)."""
-    if drafter_spec(drafter).proposes_trees and not TARGET_BACKENDS[target_backend(target_backend_name)].tree_attention:
+    """ValueError for an unknown drafter or target backend, or when the drafter's proposals need a capability the
+    target backend lacks (trees on llama.cpp)."""
+    spec, backend = drafter_spec(drafter), TARGET_BACKENDS[target_backend(target_backend_name)]
+    if spec.proposes_trees and not backend.tree_attention:
         raise ValueError(f"drafter {drafter!r} needs a target with tree attention; target_backend "
                          f"{target_backend_name!r} has none")

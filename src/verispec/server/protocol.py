@@ -208,14 +208,10 @@ class Settings:
     def of(cls, req: _Common) -> Settings:
         """Map the OpenAI fields onto verispec's rule, sampling and draft settings (APIError on bad values)."""
         v = req.verification or Verification()
-        if v.rule not in rules.REGISTRY:
-            raise APIError(400, f"unknown rule {v.rule!r}; known rules: {', '.join(rules.REGISTRY)}",
-                           param="verification.rule", code="invalid_value")
         try:
-            rule = rules.get(v.rule, **v.params)
-        except (ValueError, TypeError) as exc:
-            raise APIError(400, f"verification.params: {exc}", param="verification.params",
-                           code="invalid_value") from None
+            rule = rules.from_request({"rule": v.rule, "params": v.params})
+        except rules.RequestError as exc:
+            raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
         gamma = (req.speculative or Speculative()).gamma
         if isinstance(gamma, int) and not 0 <= gamma <= MAX_GAMMA:
             raise APIError(400, f"speculative.gamma must be in [0, {MAX_GAMMA}] or 'auto', got {gamma}",

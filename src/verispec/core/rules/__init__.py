@@ -30,6 +30,8 @@ __all__ = [
     "Rule",
     "TruncationRule",
     "UnnormalizedReferenceRule",
+    "RequestError",
+    "from_request",
     "get",
     "matched_baseline",
     "names",
@@ -77,6 +79,41 @@ def get(name: str, **params: object) -> Rule:
         allowed = ", ".join(cls.param_names) or "none"
         raise ValueError(f"rule {name!r} has no parameter(s) {', '.join(sorted(unknown))}; it takes: {allowed}")
     return cls(**kwargs)
+
+
+class RequestError(ValueError):
+    """A bad ``verification`` object; ``param`` names the field (``verification.rule`` / ``.params`` / the
+    object itself), so that servers can answer 400 with it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def from_request(obj: object, where: str = "verification") -> Rule:
+    """The rule a request's ``verification`` object asks for: ``{"rule": NAME, "params": {...}}`` (missing or
+    None: lossless). Shared by ``verispec serve`` and the vLLM plug-in; :class:`RequestError` names the field."""
+    if obj is None:
+        return Lossless()
+    if isinstance(obj, Rule):
+        return obj
+    if not isinstance(obj, dict):
+        raise RequestError(f"{where} must be an object {{\"rule\": ..., \"params\": {{...}}}}, got "
+                           f"{type(obj).__name__}", where)
+    unknown = set(obj) - {"rule", "params"}
+    if unknown:
+        raise RequestError(f"{where} has unknown field(s) {', '.join(sorted(unknown))}; allowed: rule, params",
+                           where)
+    name = obj.get("rule", "lossless")
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise RequestError(f"unknown rule {name!r}; known rules: {', '.join(REGISTRY)}", f"{where}.rule")
+    params = obj.get("params") or {}
+    if not isinstance(params, dict):
+        raise RequestError(f"{where}.params must be an object, got {type(params).__name__}", f"{where}.params")
+    try:
+        return get(name, **params)
+    except (ValueError, TypeError) as exc:
+        raise RequestError(f"{where}.params: {exc}", f"{where}.params") from None
 
 
 def _coerce(value: str) -> object:

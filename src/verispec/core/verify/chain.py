@@ -35,15 +35,34 @@ from verispec.core.rules import Rule
 __all__ = [
     "SUM_TOL",
     "VerifyResult",
+    "as_float64",
     "check_distribution",
+    "sum_tolerance",
     "sample_categorical",
     "verify_block",
     "verify_greedy",
     "verify_greedy_rule",
 ]
 
-#: how far from 1 a row of p or q may sum (float32 softmax over 150k tokens stays well inside it)
+#: how far from 1 a row of p or q may sum (float32 softmax over 150k tokens stays well inside it); half-precision
+#: rows get a dtype-aware tolerance (:func:`sum_tolerance`)
 SUM_TOL = 1e-4
+#: input dtypes whose rows are renormalized after the float64 upcast (their rounding leaves sums off 1 by ~eps)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def sum_tolerance(dtype: torch.dtype) -> float:
+    """How far from 1 a row of ``dtype`` may sum: :data:`SUM_TOL`, or 2 eps of a half-precision dtype (rounding
+    each entry moves the row sum by at most eps / 2; the rest leaves room for a softmax computed in that dtype:
+    bfloat16 0.0156, float16 0.00195)."""
+    return max(SUM_TOL, 2 * torch.finfo(dtype).eps) if dtype in LOW_PRECISION else SUM_TOL
+
+
+def as_float64(x: torch.Tensor) -> torch.Tensor:
+    """Rows of probabilities in float64; a half-precision row is renormalized, so the rule sees (and the exact
+    analysis computes with) an exact distribution."""
+    y = x.to(torch.float64)
+    return y / y.sum(-1, keepdim=True) if x.dtype in LOW_PRECISION else y
 
 
 @dataclass
@@ -98,8 +117,11 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
 # ------------------------------------------------------------------------------------------------ contracts
 
 
-def check_distribution(name: str, x: torch.Tensor, tol: float = SUM_TOL) -> None:
-    """Raise ValueError naming ``name`` unless every row (last dim) of ``x`` is a probability distribution."""
+def check_distribution(name: str, x: torch.Tensor, tol: float | None = None) -> None:
+    """Raise ValueError naming ``name`` unless every row (last dim) of ``x`` is a probability distribution, its sum
+    within ``tol`` of 1 (default: :func:`sum_tolerance` of its dtype)."""
+    if tol is None:
+        tol = sum_tolerance(x.dtype)
     if x.is_complex() or not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor of probabilities, got dtype {x.dtype}")
     if x.numel() == 0:
@@ -165,15 +187,17 @@ def verify_block(
 
     draft_tokens [B, gamma] (int32 or int64); q [B, gamma, V] the distributions the tokens were drawn from, or
     None for a token-only draft (q is then one-hot on each token, tutorial 3.3); p [B, gamma + 1, V] the target's
-    distributions at the gamma drafted positions and the bonus position. Token i is accepted with probability
+    distributions at the gamma drafted positions and the bonus position. p and q may be float64, float32,
+    bfloat16 or float16 (half-precision rows are checked with a dtype-aware tolerance, then upcast and
+    renormalized: :func:`as_float64`); everything is computed in float64. Token i is accepted with probability
     h_i(x_i) = rule.acceptance(p_i, q_i)[x_i] (Eq. 1 for lossless SD), and with probability 0 when
     q_i(x_i) = 0. Randomness: gamma float64 uniforms for the accept tests, then one for the final token, all from
     ``generator``.
     """
     draft_tokens = _check_block(draft_tokens, q, p)
-    p = p.to(torch.float64)
+    p = as_float64(p)
     b, gamma = draft_tokens.shape
-    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else q.to(torch.float64)
+    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else as_float64(q)
     rows = torch.arange(b, device=p.device)
 
     if gamma:
@@ -247,9 +271,9 @@ def verify_greedy_rule(
     the weighted-ensemble reading of transformers' ``assistant_ensemble_weight`` (docs/paper_notes.md).
     """
     draft_tokens = _check_block(draft_tokens, q, p)
-    p = p.to(torch.float64)
+    p = as_float64(p)
     gamma = draft_tokens.shape[1]
-    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else q.to(torch.float64)
+    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else as_float64(q)
     best = rule.bonus(p[:, gamma]).argmax(-1, keepdim=True)
     if gamma:
         best = torch.cat([rule.greedy_reference(p[:, :gamma], q).argmax(-1), best], -1)

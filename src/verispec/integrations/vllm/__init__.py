@@ -1,0 +1,76 @@
+"""verispec's verification rules inside vLLM, per request.
+
+Installed with verispec, the plug-in registers through vLLM's ``vllm.general_plugins`` entry point, so ``vllm serve``
+and ``vllm.LLM`` load it in every process (front end, engine core, workers). A request chooses its rule with::
+
+    SamplingParams(extra_args={"verification": {"rule": "lenience", "params": {"l": 0.5}}})
+
+or, to ``vllm serve``, the same ``verification`` object at the top of an OpenAI request body (as ``verispec serve``
+takes it). Requests without it run vLLM's own rejection sampler, unchanged.
+
+What it changes in vLLM (read from vLLM 0.32's source; other versions are refused at start):
+
+- ``SamplingParams.verify``: a ``verification`` object is checked with :func:`verispec.core.rules.from_request`;
+  a bad one raises vLLM's validation error naming the field (``ValueError`` from ``LLM``, 400 from the server).
+- the OpenAI request models' ``to_sampling_params``: a top-level ``verification`` field goes into ``extra_args``.
+- ``GPUModelRunner._sample`` (the CPU runner inherits it): before each speculative step it reads each running
+  request's rule from the input batch and hands the list to the rejection sampler.
+- ``RejectionSampler.forward``: vLLM's own forward runs first (all requests, unchanged); the requests with a rule
+  are then verified again by :func:`verispec.integrations.vllm.sampler.verify_requests` on vLLM's processed target
+  distributions (temperature, top-k, top-p applied exactly as vLLM applies them), its draft probabilities (or
+  one-hot drafts) and the bonus position, and their rows of the output are replaced. A failure there is logged
+  and leaves vLLM's result for that step: it never takes other requests down.
+
+Not supported with a rule (refused at validation): ``logprobs`` (vLLM gathers them for its own tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verispec.core import rules as _rules
+
+__all__ = ["SUPPORTED", "register", "rule_of"]
+
+log = logging.getLogger(__name__)
+
+#: vLLM versions whose internals the plug-in was written against (inclusive lower, exclusive upper bound)
+SUPPORTED = ("0.32.0", "0.33.0")
+_PATCHED = False
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def check_version(version: str) -> None:
+    """RuntimeError naming the supported range unless ``version`` is in it."""
+    lo, hi = SUPPORTED
+    if not _version_tuple(lo) <= _version_tuple(version) < _version_tuple(hi):
+        raise RuntimeError(f"verispec's vLLM plug-in supports vLLM >= {lo}, < {hi}; this is vLLM {version}")
+
+
+def rule_of(extra_args: dict[str, Any] | None) -> _rules.Rule | None:
+    """The rule a request's ``extra_args`` ask for, or None (vLLM's own sampler); ValueError on a bad one."""
+    if not extra_args or "verification" not in extra_args:
+        return None
+    return _rules.from_request(extra_args["verification"], where="verification")
+
+
+def register() -> None:
+    """vLLM's general-plugin entry point: patch vLLM once per process (see the module docstring)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    import vllm
+
+    check_version(vllm.__version__)
+    from verispec.integrations.vllm import patches
+
+    patches.apply()
+    _PATCHED = True
