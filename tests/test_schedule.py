@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 
 from verispec.backends.hf import HFBackend
@@ -27,13 +30,16 @@ def test_expected_tokens_closed_form():
 
 def test_choice_follows_costs_and_acceptance():
     s = AdaptiveGamma(gamma_max=8)
-    assert s.choose() == 8  # no measurements yet: explore with the longest draft
+    assert s.choose() == 2  # no measurements yet: a short first draft (a long block may cost several steps)
     for _ in range(50):
         s.update(drafted=5, accepted=0, draft_s=0.5, target_s=0.2)  # useless, expensive draft
     assert s.alpha < 0.01 and s.choose() == 0
     fast = AdaptiveGamma(gamma_max=8)
     for _ in range(50):
         fast.update(drafted=5, accepted=5, draft_s=0.005, target_s=0.2)  # free and always right
+    assert fast.best() == 8  # one block length measured: its cost is taken as flat
+    assert fast.choose() == 0 and fast.anchors == 1  # ... until one plain round anchors the learned curve
+    fast.update(drafted=0, accepted=0, draft_s=0.0, target_s=0.2)  # flat indeed (the GPU picture)
     assert fast.choose() == 8
 
 
@@ -114,7 +120,7 @@ def test_adaptive_gamma_with_curve_learns_unit_cost_and_falls_back():
     flat = AdaptiveGamma(gamma_max=8)
     for _ in range(60):
         flat.update(drafted=4, accepted=3, draft_s=0.0, target_s=0.030)
-    assert flat.choose() == 8
+    assert flat.best() == 8
     hi = AdaptiveGamma(gamma_max=8, target_cost=curve)
     for _ in range(60):
         hi.update(drafted=6, accepted=6, draft_s=0.0, target_s=0.030 * curve(7))
@@ -155,3 +161,86 @@ def test_curve_validation():
         AdaptiveGamma(probe_every=0)
     with pytest.raises(ValueError):
         AdaptiveGamma(alpha=2.0)
+
+
+# -- decisions on a simulated cost model (no timing: seconds come from the model, acceptance from a seeded RNG) --
+def _simulate(schedule: AdaptiveGamma, block: Callable[[int], float], draft: float, alpha: float, tokens: int,
+              seed: int = 0) -> tuple[float, list[int]]:
+    """Decode ``tokens`` tokens with ``schedule`` choosing gamma; a k-token block costs ``block(k)`` seconds, a
+    drafted token ``draft``; each drafted token is accepted with probability ``alpha`` given the previous ones.
+    The first round is the prefill (its times are ignored by the schedule). Returns (seconds, gammas chosen)."""
+    rng = random.Random(seed)
+    done, seconds, gammas = 0, 0.0, []
+    while done < tokens:
+        g = schedule.choose()
+        gammas.append(g)
+        accepted = 0
+        while accepted < g and rng.random() < alpha:
+            accepted += 1
+        t_draft, t_target = g * draft, block(g + 1)
+        schedule.update(g, accepted, t_draft, t_target)
+        seconds += t_draft + t_target
+        done += accepted + 1
+    return seconds, gammas
+
+
+def _target_only(block: Callable[[int], float], tokens: int) -> float:
+    return tokens * block(1)
+
+
+# the AVX2 CPU's transformers target: a 6-token block costs 5 single steps (955 ms vs 185 ms); the 0.5B draft
+# costs about 0.45 of a step per token there
+AVX2 = lambda k: 0.185 * (1 + 0.8 * (k - 1))  # noqa: E731
+GPU = lambda k: 0.020  # noqa: E731  one step whatever k
+# llama.cpp's target on the same kind of CPU (in single steps: k = 2: 1.6, 4: 2.6, 6: 3.7, 8: 4.5, 12: 5.7)
+LLAMA = lambda k: 0.073 * interpolate_costs({1: 1.0, 2: 1.6, 4: 2.6, 6: 3.7, 8: 4.5, 12: 5.7}, k)  # noqa: E731
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.8])
+def test_schedule_falls_back_where_no_draft_pays(alpha):
+    """Drafting with the model never pays on the AVX2 curve: the schedule ends at gamma 0, within 3% of the
+    target alone over 512 tokens (probes and the learning rounds included)."""
+    s = AdaptiveGamma(gamma_max=8)
+    seconds, gammas = _simulate(s, AVX2, draft=0.085, alpha=alpha, tokens=512)
+    assert s.best() == 0 and gammas[-20:].count(0) >= 19
+    assert _target_only(AVX2, 512) / seconds >= 0.97, (alpha, seconds)
+
+
+def test_schedule_keeps_drafting_where_it_pays():
+    """Free drafts with high acceptance (prompt lookup on code) pay on llama.cpp's block-cost curve (about 1.3x
+    at best, gamma 3); a GPU-like flat block cost pays with the model draft: the schedule drafts and beats the
+    target alone."""
+    s = AdaptiveGamma(gamma_max=8)
+    seconds, gammas = _simulate(s, LLAMA, draft=0.0, alpha=0.9, tokens=512)
+    assert s.best() > 0 and _target_only(LLAMA, 512) / seconds > 1.15
+    g = AdaptiveGamma(gamma_max=8)
+    seconds, gammas = _simulate(g, GPU, draft=0.002, alpha=0.8, tokens=512)
+    assert g.best() >= 4 and _target_only(GPU, 512) / seconds > 2.0
+
+
+def test_probing_overhead_is_small_where_nothing_pays():
+    """alpha = 0 (the draft is always wrong): after learning, the probes cost at most 3% over 2048 tokens."""
+    s = AdaptiveGamma(gamma_max=8)
+    seconds, gammas = _simulate(s, AVX2, draft=0.085, alpha=0.0, tokens=2048)
+    assert _target_only(AVX2, 2048) / seconds >= 0.97
+    assert s.probes >= 3  # it kept checking, ever more rarely
+    assert s.summary()["curve"] == "learned" and 1 in s.summary()["block_s"]
+
+
+class _ConstantCost(AdaptiveGamma):
+    """The schedule before it learned the curve: every block priced at the running mean of what it measured."""
+
+    def target_seconds(self, k: int) -> float:
+        return sum(self.block_s.values()) / len(self.block_s)
+
+    def initial(self) -> int:
+        return self.gamma_max
+
+
+def test_without_the_learned_curve_the_old_schedule_was_slower():
+    """The same simulation under the constant-cost assumption drafts on the AVX2 curve and loses to the target
+    alone: the check above can fail."""
+    s = _ConstantCost(gamma_max=8)
+    s.anchors = 1
+    seconds, gammas = _simulate(s, AVX2, draft=0.085, alpha=0.8, tokens=512)
+    assert gammas[-1] > 0 and _target_only(AVX2, 512) / seconds < 0.97

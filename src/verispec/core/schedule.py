@@ -8,9 +8,13 @@ are running averages of what the engine measures.
 The target's cost. A round scores a block of k = gamma + 1 tokens (the last committed token and the drafts) in
 one call. On a GPU that costs about one decode step whatever k; on a CPU it grows with k (llama.cpp on this
 project's 2-core CPU: k=2: 1.6 steps, k=4: 2.6, k=8: 4.5, k=12: 5.7). With a *block-cost curve*
-``target_cost(k)`` (relative, ``target_cost(1) = 1``) the schedule uses C_target(gamma) = c_unit *
-target_cost(gamma + 1), with c_unit (seconds per single step) measured online as target_s / target_cost(k);
-without one it keeps the constant C_target(gamma) = c_target of the GPU picture.
+``target_cost(k)`` (relative, ``target_cost(1) = 1``; a backend that measured it, e.g. llama.cpp's) the schedule
+uses C_target(gamma) = c_unit * target_cost(gamma + 1), with c_unit (seconds per single step) measured online as
+target_s / target_cost(k). Without one it LEARNS the curve: a running average of the seconds of every block length
+it has run, interpolated linearly between them (extrapolated past both ends); with a single length measured the
+cost is taken as flat (the GPU picture), and the first decision after that runs one plain round (k = 1) so that
+the curve has its anchor. On a CPU where a 6-token block costs five single steps this is what keeps the schedule
+from drafting when drafting does not pay.
 
 Never slower than target-only. gamma = 0 (target alone: E = 1 token for c_unit) is always a candidate, so when
 drafting does not pay the choice falls back to it. A row stuck at 0 would never measure alpha again, so every
@@ -29,6 +33,8 @@ from collections.abc import Callable
 __all__ = ["AdaptiveGamma", "best_gamma", "break_even_alpha", "expected_tokens", "interpolate_costs", "speedup"]
 
 CostCurve = Callable[[int], float]
+#: draft length of the first rounds when no block-cost curve is known yet (see :meth:`AdaptiveGamma.initial`)
+FIRST_GAMMA = 2
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -127,18 +133,37 @@ class AdaptiveGamma:
         self.target_cost = target_cost
         self.c_draft: float | None = None  # seconds per drafted token
         self.c_target: float | None = None  # seconds per target forward (with a curve: per single step)
+        self.block_s: dict[int, float] = {}  # no curve given: running seconds per block length k = gamma + 1
+        self.anchors = 0  # plain rounds run to measure k = 1
         self.probe_every, self.probe_max = probe_every, probe_max
         self._interval = probe_every
         self._zeros = 0  # consecutive rounds that chose gamma 0
         self.updates = 0
         self.probes = 0
 
+    def target_seconds(self, k: int) -> float:
+        """Estimated seconds of scoring a k-token block: the given curve times the unit cost, or the learned one."""
+        if self.target_cost is not None:
+            if self.c_target is None:
+                raise ValueError("costs not measured yet")
+            return self.c_target * float(self.target_cost(k))
+        if not self.block_s:
+            raise ValueError("costs not measured yet")
+        if len(self.block_s) == 1:  # one length measured: flat until the anchor round measures k = 1
+            return next(iter(self.block_s.values()))
+        return max(interpolate_costs(self.block_s, k), 1e-12)
+
     def round_cost(self, gamma: int) -> float:
         """Estimated seconds of a round with ``gamma`` drafts (needs both costs measured)."""
         if self.c_draft is None or self.c_target is None:
             raise ValueError("costs not measured yet")
-        unit = self.c_target * (1.0 if self.target_cost is None else float(self.target_cost(gamma + 1)))
-        return gamma * self.c_draft + unit
+        return gamma * self.c_draft + self.target_seconds(gamma + 1)
+
+    def summary(self) -> dict[str, object]:
+        """What the schedule believes now: acceptance, costs, the learned block costs, probes and anchors."""
+        return {"alpha": self.alpha, "c_draft_s": self.c_draft, "c_target_s": self.c_target,
+                "block_s": dict(sorted(self.block_s.items())), "best": self.best(), "probes": self.probes,
+                "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned"}
 
     def best(self) -> int:
         """The gamma maximising expected tokens per second under the current estimates (no probing)."""
@@ -153,16 +178,20 @@ class AdaptiveGamma:
         return best
 
     def initial(self) -> int:
-        """gamma before both costs are measured: the longest draft for a constant target cost (measure first);
-        with a block-cost curve, the best gamma for free drafts at the prior alpha (a short, cheap first probe,
-        since a draft that costs as much as the target makes any long first block a loss)."""
+        """gamma before both costs are measured. With a block-cost curve: the best gamma for free drafts at the
+        prior alpha (a draft that costs as much as the target makes any long first block a loss). Without one: a
+        short first draft (:data:`FIRST_GAMMA`), since on a CPU a long block can cost several steps; the learned
+        curve then says whether longer drafts pay (flat block costs, as on a GPU, take gamma up at once)."""
         if self.target_cost is None:
-            return self.gamma_max
+            return min(self.gamma_max, FIRST_GAMMA)
         return best_gamma(self.alpha, self.gamma_max, self.target_cost)
 
     def choose(self) -> int:
         if self.c_draft is None or self.c_target is None:
             return self.initial()
+        if self.target_cost is None and 1 not in self.block_s and not self.anchors:
+            self.anchors += 1  # one plain round: the learned curve's anchor at k = 1
+            return 0
         g = self.best()
         if g > 0:
             self._zeros, self._interval = 0, self.probe_every
@@ -196,5 +225,9 @@ class AdaptiveGamma:
             self.c_draft = self._ema(self.c_draft, draft_s / drafted)
         elif self.c_draft is None:
             self.c_draft = 0.0
-        unit = target_s / (1.0 if self.target_cost is None else float(self.target_cost(drafted + 1)))
-        self.c_target = self._ema(self.c_target, unit)
+        if self.target_cost is None:
+            k = drafted + 1
+            self.block_s[k] = self._ema(self.block_s.get(k), target_s)
+            self.c_target = self.target_seconds(1)
+        else:
+            self.c_target = self._ema(self.c_target, target_s / float(self.target_cost(drafted + 1)))

@@ -18,6 +18,11 @@ from verispec.integrations.vllm.sampler import verify_requests
 
 log = logging.getLogger(__name__)
 
+class VerificationError(VLLMValidationError, ValueError):
+    """A bad ``verification`` request: vLLM's validation error (400 from its server, with the field) and a
+    ValueError (from ``LLM``)."""
+
+
 #: sampling options whose effect on the bonus position the plug-in does not reproduce: refused with a rule
 _REFUSED_WITH_A_RULE = ("logprobs", "prompt_logprobs")
 
@@ -26,18 +31,18 @@ def _check_params(params: SamplingParams) -> None:
     try:
         rule = rule_of(params.extra_args)
     except _rules.RequestError as exc:
-        raise VLLMValidationError(str(exc), parameter=exc.param) from None
+        raise VerificationError(str(exc), parameter=exc.param) from None
     if rule is None:
         return
     for name in _REFUSED_WITH_A_RULE:
         if getattr(params, name, None) is not None:
-            raise VLLMValidationError(f"{name} is not supported together with a verification rule (the plug-in "
+            raise VerificationError(f"{name} is not supported together with a verification rule (the plug-in "
                                       "replaces vLLM's tokens after vLLM gathered their log-probabilities)",
                                       parameter=name)
     penalties = (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
                  or params.presence_penalty != 0.0)
     if penalties:
-        raise VLLMValidationError("penalties are not supported together with a verification rule yet (the bonus "
+        raise VerificationError("penalties are not supported together with a verification rule yet (the bonus "
                                   "position's distribution would not include them)", parameter="verification")
 
 
