@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-cpu_flags() { grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2; }
+cpu_flags() { grep -m1 '^flags' "${CPUINFO:-/proc/cpuinfo}" 2>/dev/null | cut -d: -f2; }  # CPUINFO: tests
 
 cmake_args() {
   local have=" $(cpu_flags) " args="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF"

