@@ -37,6 +37,22 @@ params = { l = 0.5 }
 """
 
 
+def cpu_kind() -> str:
+    """The CPU's model name and its widest vector extension: fp32 matrix products round differently across CPU
+    kinds, so the real-pair golden is compared only on the kind it was recorded on."""
+    model, flags = "unknown", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1]
+    except OSError:
+        pass
+    isa = "amx" if " amx_tile" in flags else "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else "x86"
+    return f"{model} / {isa}"
+
+
 def project(records: list[dict]) -> list[dict]:
     """The refactor-invariant part of each result line, sorted by key."""
     return [{k: r[k] for k in FIELDS} for r in sorted(records, key=lambda r: r["key"])]
@@ -61,7 +77,8 @@ def main(which: str = "both") -> None:
     if which in ("toy", "both"):
         (HERE / "toy_sweep.json").write_text(json.dumps(run(None), indent=1) + "\n")
     if which in ("real", "both"):
-        (HERE / "real_pair.json").write_text(json.dumps(run(REAL_CONFIG), indent=1) + "\n")
+        (HERE / "real_pair.json").write_text(json.dumps({"cpu": cpu_kind(), "results": run(REAL_CONFIG)}, indent=1)
+                                             + "\n")
 
 
 if __name__ == "__main__":
