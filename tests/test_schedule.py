@@ -58,7 +58,14 @@ def test_auto_gamma_keeps_greedy_exact():
     greedy = SamplingConfig(temperature=0)
     for prompt in ([1, 2, 3], [7, 7, 7, 7], [40, 2, 9, 13, 5]):
         ref = plain.generate(prompt, sampling=greedy, gamma=0, max_new_tokens=30).token_ids
-        assert spec.generate(prompt, sampling=greedy, gamma="auto", max_new_tokens=30).token_ids == ref
+        out = spec.generate(prompt, sampling=greedy, gamma="auto", max_new_tokens=30)
+        assert out.token_ids == ref
+        # the report of what the schedule chose and why: gamma per round, and its beliefs when the row ended
+        m = out.metrics
+        assert sum(m.gamma_counts.values()) == m.rounds and m.schedule["curve"] == "learned"
+        assert m.schedule["block_s"] and 0 <= m.schedule["alpha"] <= 1 and "gamma_counts" in m.to_dict()
+    fixed = spec.generate([1, 2, 3], sampling=greedy, gamma=3, max_new_tokens=12).metrics
+    assert fixed.schedule is None and set(fixed.gamma_counts) <= {0, 1, 2, 3}
 
 
 # -- block-cost curves (CPU targets): break-even, best gamma, fallback to target-only, probing -------------------

@@ -139,6 +139,12 @@ class BaseDrafter:
     def remove_row(self, key: int) -> None:
         self._gamma.pop(key, None)
 
+    def schedule_summary(self, key: int) -> dict | None:
+        """What a row's adaptive schedule believes (``gamma="auto"``; see :meth:`AdaptiveGamma.summary`), or
+        None for a constant gamma."""
+        g = self._gamma.get(key)
+        return g.summary() if isinstance(g, AdaptiveGamma) else None
+
     def length(self, req: DraftRequest) -> int:
         """This round's depth for the row: its gamma (or the adaptive choice), capped by ``max_len``."""
         g = self._gamma.get(req.key, self.default_gamma)

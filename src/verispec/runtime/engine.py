@@ -112,6 +112,8 @@ class Engine:
         """Free a row's caches (finished or cancelled)."""
         self.target.remove_row(row.target_row)
         if self.drafter is not None:
+            if row.metrics.schedule is None and hasattr(self.drafter, "schedule_summary"):
+                row.metrics.schedule = self.drafter.schedule_summary(row.key)
             self.drafter.remove_row(row.key)
 
     def result(self, row: Row) -> GenerationResult:

@@ -49,6 +49,8 @@ class Metrics:
     total_s: float = 0.0
     draft_forward_calls: int = 0
     time_to_first_token_s: float | None = None
+    #: ``gamma="auto"``: the schedule's final beliefs (acceptance, draft and block costs, probes) when the row ended
+    schedule: dict | None = None
 
     def record_round(self, drafted: int, nodes: int, accepted: int, emitted_accepted: int, reached: int) -> None:
         """One verified round: ``reached`` = depths the verification examined (accepted, +1 on a rejection)."""
@@ -93,6 +95,14 @@ class Metrics:
         return max(self.total_s - self.draft_s - self.target_s - self.verify_s, 0.0)
 
     @property
+    def gamma_counts(self) -> dict[int, int]:
+        """How many rounds drafted each depth (0: a plain round), the gamma the schedule chose per round."""
+        out: dict[int, int] = {}
+        for drafted, _ in self.per_round:
+            out[drafted] = out.get(drafted, 0) + 1
+        return dict(sorted(out.items()))
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
 
@@ -107,6 +117,7 @@ class Metrics:
             accepted_fraction=self.accepted_fraction,
             nodes_per_round=self.nodes_per_round,
             acceptance_per_position=self.acceptance_per_position,
+            gamma_counts=self.gamma_counts,
             other_s=self.other_s,
             tokens_per_s=self.tokens_per_s,
         )

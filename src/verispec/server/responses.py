@@ -37,6 +37,8 @@ def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult
             "accepted": m.accepted,
             "rounds": m.rounds,
             "acceptance_per_position": m.acceptance_per_position,
+            "gamma_counts": m.gamma_counts,
+            "schedule": m.schedule,
         },
     }
 
