@@ -1,4 +1,4 @@
-"""Deterministic temperature-0 verification of any rule (issue 15, item 7): ``verify_greedy_rule`` accepts a
+"""Deterministic temperature-0 verification of any rule: ``verify_greedy_rule`` accepts a
 draft iff it equals argmax of ``rule.greedy_reference(p, q)`` built from the UNtempered p and q.
 
 No sampling: every assertion is exact. The weighted-ensemble case is compared with transformers' greedy

@@ -70,7 +70,7 @@ def test_auto_gamma_keeps_greedy_exact():
 
 # -- block-cost curves (CPU targets): break-even, best gamma, fallback to target-only, probing -------------------
 
-# llama.cpp's measured block costs on this project's CPU (issue 11), k tokens in single-step units
+# llama.cpp's measured block costs on this project's CPU, k tokens in single-step units
 CURVE = {1: 1.0, 2: 1.6, 4: 2.6, 6: 3.7, 8: 4.5, 12: 5.7}
 
 

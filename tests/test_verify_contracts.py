@@ -1,4 +1,4 @@
-"""Input contracts of the verification API (issue 15, item 6; found by porting vLLM's rejection-sampler tests).
+"""Input contracts of the verification API (found by porting vLLM's rejection-sampler tests).
 
 Statistical setup where sampling is involved: N = 20,000 rows of ONE batched ``verify_block`` call, fixed seed;
 the only assertions are exact (a token of probability 0 must never appear; a token whose q is 0 is never

@@ -1,4 +1,4 @@
-"""Metric naming and counting (issue 15, item 4): accepted_fraction (formerly acceptance_rate), the tutorial's
+"""Metric naming and counting: accepted_fraction (formerly acceptance_rate), the tutorial's
 expected acceptance A = sum_x min(p, q), and BE over EMITTED accepted drafts, recomputed for old result files."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sweep-side fidelity choices (issue 15): the CoS lambda mapping of the Table 4 preset and the matched
+"""Sweep-side fidelity choices: the CoS lambda mapping of the Table 4 preset and the matched
 baselines' draft_truncation (default "none", recorded in every result line, legacy runs read as "same")."""
 
 from __future__ import annotations

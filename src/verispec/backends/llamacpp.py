@@ -71,7 +71,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 _BACKEND_INITIALISED = False
 
 #: cost of scoring a block of k tokens in one llama_decode, in single-token decode steps, measured on this
-#: project's 2-core CPU with the 1.5B Q4_K_M target (issue 11); linear interpolation between the points and
+#: project's 2-core CPU with the 1.5B Q4_K_M target; linear interpolation between the points and
 #: linear extrapolation past the last one. :meth:`LlamaCppBackend.measure_block_costs` measures it anew.
 DEFAULT_BLOCK_COSTS: dict[int, float] = {1: 1.0, 2: 1.6, 4: 2.6, 6: 3.7, 8: 4.5, 12: 5.7}
 

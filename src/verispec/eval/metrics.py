@@ -3,7 +3,7 @@
 * ``accepted_fraction`` = accepted drafts / drafted tokens (called ``acceptance_rate`` in older result files).
   It is NOT the tutorial's acceptance A = sum_x min(p, q), which the offline estimator reports per position as
   ``expected_acceptance`` (:mod:`verispec.eval.estimator`).
-* BE counts accepted drafted tokens that were EMITTED (issue 15): drafts accepted after the cut (EOS, stop string,
+* BE counts accepted drafted tokens that were EMITTED: drafts accepted after the cut (EOS, stop string,
   max_new_tokens) are not. New result lines carry ``emitted_accepted``; for older ones it is recomputed from
   ``per_round`` [(drafted, accepted), ...] and the emitted ``token_ids`` (each round emits its accepted drafts then
   one correction or bonus token, so a round starting at output position s emits min(accepted, L - s) accepted

@@ -127,7 +127,7 @@ class Claim:
 
 SC, MP = "spec-cascade(p_base=0.3)", "minp-sampling(p_base=0.3)"
 LEN, COS, LL = "lenience(l=0.5)", "cos-we(lam=0.5)", "lossless"
-#: the claims issue 13 lists, with the paper's numbers (arXiv 2607.26627v1, /work/shared/seeds/)
+#: the paper's claims this project tests, with the paper's numbers (arXiv 2607.26627v1)
 CLAIMS: tuple[Claim, ...] = (
     Claim("C1", "single-draft SpecCascade vs min-p sampling", "Table 7, single-draft SD, Avg.: "
           "dBE +0.09, dAcc -0.38 pp (MATH -0.88, MBPP+ +0.01, INCLUDE -0.97, BFCL +0.33)",
