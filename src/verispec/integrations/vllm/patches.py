@@ -80,14 +80,18 @@ def _patch_model_runner() -> None:
     def _sample(self: GPUModelRunner, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
         sampler = getattr(self, "rejection_sampler", None)
         if spec_decode_metadata is not None and sampler is not None:
+            cache = self.__dict__.setdefault("_verispec_rule_cache", {})  # req_id -> rule, parsed once
             found = []
             for req_id in self.input_batch.req_ids:
-                state = self.requests.get(req_id)
-                params = getattr(state, "sampling_params", None)
-                try:
-                    found.append(rule_of(params.extra_args) if params is not None else None)
-                except ValueError:  # validated at the front end; never fail a step here
-                    found.append(None)
+                if req_id not in cache:
+                    params = getattr(self.requests.get(req_id), "sampling_params", None)
+                    try:
+                        cache[req_id] = rule_of(params.extra_args) if params is not None else None
+                    except ValueError:  # validated at the front end; never fail a step here
+                        cache[req_id] = None
+                found.append(cache[req_id])
+            for gone in set(cache) - set(self.input_batch.req_ids):
+                del cache[gone]
             sampler._verispec_rules = found if any(r is not None for r in found) else None
         return original(self, logits, spec_decode_metadata)
 

@@ -28,6 +28,14 @@ __all__ = ["PLACEHOLDER", "verify_requests"]
 PLACEHOLDER = -1
 
 
+def _rule_key(rule: Rule) -> object:
+    """Equal rules share a batched call: rules are frozen dataclasses, so equal parameters hash alike."""
+    try:
+        return hash(rule), rule
+    except TypeError:  # a rule holding a tensor parameter
+        return id(rule)
+
+
 def verify_requests(
     rules: Sequence[Rule | None],
     draft_token_ids: torch.Tensor,
@@ -64,7 +72,7 @@ def verify_requests(
     for i, rule in enumerate(rules):
         if rule is not None:
             # a seeded request draws from its own generator, so it is verified on its own
-            key = (id(rule), int(num_draft_tokens[i]), bool(greedy[i]), i if i in generators else -1)
+            key = (_rule_key(rule), int(num_draft_tokens[i]), bool(greedy[i]), i if i in generators else -1)
             groups.setdefault(key, []).append(i)
     for (_, gamma, is_greedy, _), rows in groups.items():
         rule = rules[rows[0]]
