@@ -136,10 +136,11 @@ def test_adaptive_gamma_with_curve_learns_unit_cost_and_falls_back():
 
 def test_probing_backs_off_exponentially():
     """At gamma 0 the schedule probes once after 16 rounds, then 32, 64, ... up to probe_max: N = 2000 rounds
-    hold 16 + 32 + 64 + 128 + 256 * k rounds; count the probes exactly."""
-    s = AdaptiveGamma(gamma_max=8, target_cost=curve, probe_every=16, probe_max=256)
+    hold 16 + 32 + 64 + 128 + 256 * k rounds; count the probes exactly (a generous overhead budget, so that only
+    the interval decides here)."""
+    s = AdaptiveGamma(gamma_max=8, target_cost=curve, probe_every=16, probe_max=256, overhead=0.5)
     for _ in range(3):
-        s.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1)
+        s.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1 * curve(5))
     assert s.best() == 0
     picks = []
     for _ in range(2000):
@@ -151,7 +152,7 @@ def test_probing_backs_off_exponentially():
     assert gaps[:5] == [16, 32, 64, 128, 256] and set(gaps[4:]) == {256}
     assert s.probes == len(probe_rounds) == 4 + (2000 - 240) // 256
     # a probe that finds drafting paying again resets the interval
-    s2 = AdaptiveGamma(gamma_max=8, target_cost=curve, probe_every=4, probe_max=64, decay=1.0)
+    s2 = AdaptiveGamma(gamma_max=8, target_cost=curve, probe_every=4, probe_max=64, decay=1.0, overhead=0.5)
     s2.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1)
     s2.update(drafted=4, accepted=0, draft_s=0.0, target_s=0.1 * curve(5))
     assert [s2.choose() for _ in range(3)] == [0, 0, 0]
@@ -159,6 +160,39 @@ def test_probing_backs_off_exponentially():
     assert g > 0
     s2.update(drafted=g, accepted=g, draft_s=0.0, target_s=0.1 * curve(g + 1))  # all accepted: alpha -> 0.999
     assert s2.choose() > 0 and s2._interval == 4
+
+
+def test_expensive_probes_stay_within_the_overhead_budget():
+    """A probe whose draft must first catch up costs 20 plain rounds here (a draft model's prefill of everything
+    committed since it last ran); drafting never pays. Over 5000 plain-round equivalents the probes cost at most
+    3% of the time (the budget), yet the schedule keeps probing (alpha stays measured)."""
+    s = AdaptiveGamma(gamma_max=8)
+    step, spent, plain_s = 0.04, 0.0, 0.0
+    s.update(drafted=2, accepted=0, draft_s=0.8, target_s=0.06)  # the first round (prefill): times not used
+    for _ in range(5000):
+        probes = s.probes
+        g = s.choose()
+        draft_s = 20 * step if g else 0.0  # catch-up + drafts
+        target_s = step * (1 + 0.8 * g)
+        s.update(drafted=g, accepted=0, draft_s=draft_s, target_s=target_s)
+        if s.probes > probes:
+            spent += draft_s + target_s - step
+        elif not g:
+            plain_s += target_s
+    assert s.probes >= 2 and s.probe_cost_s is not None
+    # the first probe runs before its cost is known; every later one is paid for by the plain rounds before it
+    assert spent <= 0.03 * plain_s + s.probe_cost_s
+    assert spent / (plain_s + spent) <= 0.035
+
+
+def test_measured_block_costs_override_a_given_curve():
+    """A backend's curve says a 4-token block costs 1.2 steps, but here it cost 3: the measured price wins."""
+    s = AdaptiveGamma(gamma_max=8, target_cost=lambda k: 1 + 0.1 * (k - 1))
+    s.update(drafted=3, accepted=0, draft_s=0.0, target_s=0.3)
+    s.update(drafted=3, accepted=0, draft_s=0.0, target_s=0.3)
+    s.update(drafted=0, accepted=0, draft_s=0.0, target_s=0.1)
+    assert s.target_seconds(4) == pytest.approx(0.3)
+    assert s.target_seconds(2) == pytest.approx(s.c_target * 1.1)  # not run: the curve's shape
 
 
 def test_curve_validation():
@@ -240,7 +274,7 @@ class _ConstantCost(AdaptiveGamma):
     def target_seconds(self, k: int) -> float:
         return sum(self.block_s.values()) / len(self.block_s)
 
-    def initial(self) -> int:
+    def initial(self, alphas=None) -> int:
         return self.gamma_max
 
 
@@ -251,3 +285,117 @@ def test_without_the_learned_curve_the_old_schedule_was_slower():
     s.anchors = 1
     seconds, gammas = _simulate(s, AVX2, draft=0.085, alpha=0.8, tokens=512)
     assert gammas[-1] > 0 and _target_only(AVX2, 512) / seconds < 0.97
+
+
+# -- batches: one decision per round for all auto rows, costs per batch size -----------------------------------
+def _simulate_batch(schedule: AdaptiveGamma, rows: int, block: Callable[[int, int], float], draft: float,
+                    alphas: list[float], rounds: int, seed: int = 0) -> tuple[float, int, list[int]]:
+    """``rows`` rows decoded together for ``rounds`` rounds; a round of depth g costs ``g * draft`` (one batched
+    draft step per depth) plus ``block(rows, g + 1)``. Returns (seconds, tokens, gammas chosen)."""
+    rng = random.Random(seed)
+    row_alpha = [AdaptiveGamma(8) for _ in range(rows)]
+    seconds, tokens, gammas = 0.0, 0, []
+    for i in range(rounds):
+        g = schedule.choose([a.alpha for a in row_alpha])
+        gammas.append(g)
+        for a, true_alpha in zip(row_alpha, alphas, strict=True):
+            acc = 0
+            while acc < g and rng.random() < true_alpha:
+                acc += 1
+            a.observe_acceptance(g, acc)
+            tokens += acc + 1
+        t = g * draft + block(rows, g + 1)
+        if i:  # round 0 ran the prefill
+            schedule.observe_costs(g, g * draft, block(rows, g + 1))
+        seconds += t
+    return seconds, tokens, gammas
+
+
+def _cpu_batch(rows: int, k: int) -> float:
+    """A CPU target: a block of n = rows * k tokens costs llama.cpp's curve up to 8 tokens, and past that grows in
+    proportion to n (compute-bound: the weights' reads are already shared)."""
+    n = rows * k
+    return LLAMA(n) if n <= 8 else LLAMA(8) * n / 8
+
+
+def test_batch_schedule_drafts_less_when_rows_fill_the_block():
+    """Free drafts with acceptance 0.9 pay for one row on the CPU curve (gamma > 0), but for 8 rows the block is
+    already 8 tokens wide and drafting multiplies its cost: the batch schedule settles on 0 and stays within 3%
+    of the batch decoding alone (200 rounds, seed 0)."""
+    one = AdaptiveGamma(gamma_max=8)
+    _simulate_batch(one, 1, _cpu_batch, 0.0, [0.9], 200)
+    assert one.best([0.9]) > 0
+    eight = AdaptiveGamma(gamma_max=8)
+    seconds, tokens, gammas = _simulate_batch(eight, 8, _cpu_batch, 0.0, [0.9] * 8, 200)
+    assert gammas[-20:].count(0) >= 19
+    alone = _cpu_batch(8, 1) / 8  # seconds per token of the batch without drafts
+    assert alone / (seconds / tokens) >= 0.97
+
+
+def test_batch_schedule_weighs_every_rows_acceptance():
+    """On a flat (GPU-like) block cost the best depth for a batch follows the rows' acceptances together: four
+    rows at 0.9 draft deeper than one row at 0.9 with three at 0.1, and the decision is the sum's argmax."""
+    s = AdaptiveGamma(gamma_max=8)
+    s.c_draft, s.c_target, s.block_s = 0.002, 0.02, {1: 0.02, 8: 0.02}
+    high, mixed = s.best([0.9] * 4), s.best([0.9, 0.1, 0.1, 0.1])
+    assert high > mixed >= 1
+    rates = [sum(expected_tokens(a, g) for a in [0.9, 0.1, 0.1, 0.1]) / s.round_cost(g) for g in range(9)]
+    assert mixed == max(range(9), key=lambda g: (rates[g], -g))
+
+
+# -- trees: the block is the tree's node count, not its depth ----------------------------------------------------
+def test_tree_depth_schedule_prices_the_nodes():
+    """A static binary tree of depth d holds 2 + 4 + ... + 2^d nodes; on the CPU curve (cost grows with tokens)
+    the schedule stays shallow where a chain of the same per-depth acceptance could go deeper, and on a flat
+    cost it goes deep."""
+    nodes = lambda d: sum(2**i for i in range(1, d + 1))  # noqa: E731
+    tree = AdaptiveGamma(gamma_max=6, block_len=lambda g: nodes(g) + 1)
+    chain = AdaptiveGamma(gamma_max=6)
+    for s in (tree, chain):
+        s.c_draft, s.c_target = 0.0, LLAMA(1)
+        s.block_s = {k: LLAMA(k) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
+    assert tree.best([0.9]) < chain.best([0.9])
+    flat = AdaptiveGamma(gamma_max=6, block_len=lambda g: nodes(g) + 1)
+    flat.c_draft, flat.c_target, flat.block_s = 0.001, 0.02, {1: 0.02, 127: 0.02}
+    assert flat.best([0.9]) == 6
+
+
+def test_tree_drafter_node_counts():
+    """The tree drafter's node count per depth, which prices a depth for the schedule."""
+    from verispec.drafters.tree import TreeDrafter
+
+    t = object.__new__(TreeDrafter)
+    t.top_k, t.width, t.budget = 2, None, None
+    assert [t.nodes(d) for d in range(5)] == [0, 2, 6, 14, 30]
+    t.top_k, t.width, t.budget = 3, 2, 10  # dynamic: 3, then 2 expanded x 3 = 6 per level, at most 10
+    assert [t.nodes(d) for d in range(5)] == [0, 3, 9, 10, 10]
+
+
+def test_drafter_rounds_share_one_decision_and_skip_prefill_costs():
+    """The drafters' bookkeeping: auto rows of one round get one depth (fixed rows keep theirs), the round's costs
+    go to the schedule of its batch size once every row reported, and a round that ran a prefill is left out."""
+    from verispec.core.rules import get
+    from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
+
+    class Sim(BaseDrafter):
+        def draft(self, requests, lengths):
+            return [Proposal([1] * g, seconds=0.01 * max(lengths)) for g in lengths]
+
+    d = Sim(gamma_max=8)
+    d.add_row(1, "auto")
+    d.add_row(2, "auto")
+    d.add_row(3, 4)
+    cfg, rule = SamplingConfig(temperature=0.0), get("lossless")
+    reqs = [DraftRequest(k, [5, 6], 16, cfg, rule, None, None, False) for k in (1, 2, 3)]
+    for rnd in range(3):
+        props = d.propose(reqs)
+        assert len(props[0]) == len(props[1]) and len(props[2]) == 4
+        sched = d.schedule(3)
+        for k, p in zip((1, 2, 3), props, strict=True):
+            assert sched.c_target is None or rnd > 0  # nothing folded in before the round completes
+            d.update(k, p, 0, target_s=0.3)
+        assert (sched.c_target is None) == (rnd == 0)  # round 0 ran the prefill
+    assert sched.block_s == {5: pytest.approx(0.3)}  # the padded block: the fixed row's 4 drafts + 1
+    assert d.schedule_summary(1)["batch_sizes"] == [3] and d.schedule_summary(3) is None
+    d.remove_row(3)
+    assert d.lengths(reqs[:2])[0] == d.lengths(reqs[:2])[1]

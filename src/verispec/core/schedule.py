@@ -19,16 +19,31 @@ from drafting when drafting does not pay.
 Never slower than target-only. gamma = 0 (target alone: E = 1 token for c_unit) is always a candidate, so when
 drafting does not pay the choice falls back to it. A row stuck at 0 would never measure alpha again, so every
 ``probe_every`` rounds at 0 it probes once with the best gamma >= 1; each probe that does not change the decision
-doubles the interval (up to ``probe_max``), so the probes' cost vanishes when drafting keeps not paying.
+doubles the interval (up to ``probe_max``), so the probes' cost vanishes when drafting keeps not paying. A probe
+can cost far more than its drafted token: a draft model that sat out must first catch up on every token committed
+since (the whole prompt, the first time). So probes also live within a budget: every plain round adds ``overhead``
+(3%) of its seconds, and a probe runs only when the budget covers what the last probe cost beyond a plain round;
+the probes' share of the time stays within ``overhead`` whatever a probe costs.
+
+A backend's block-cost curve (llama.cpp's, measured once on some machine) is a prior for the shape only: block
+lengths this schedule has run are priced at what they cost here.
 
 The first update of a schedule is taken to be the row's first round, whose target and draft times include the
 prompt's prefill: its times are not folded into the costs (its acceptance is).
+
+Batches and trees. One decision can serve several rows: ``choose(alphas)`` maximises the batch's expected tokens,
+sum_r E[tokens](alpha_r, gamma), per second of the batch's round, whose costs the caller folds in with
+:meth:`AdaptiveGamma.observe_costs` (the drafters keep one schedule per batch size, since a round's cost grows with
+its rows, and each row's own acceptance). A token tree of depth gamma makes the target score more than gamma + 1
+tokens: ``block_len(gamma)`` says how many (the tree drafter's node count plus one), and the learned curve is then
+indexed by the tokens actually scored; alpha is the per-depth acceptance, so sum_i alpha^i still counts the
+expected accepted depth.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 __all__ = ["AdaptiveGamma", "best_gamma", "break_even_alpha", "expected_tokens", "interpolate_costs", "speedup"]
 
@@ -118,7 +133,8 @@ class AdaptiveGamma:
     """
 
     def __init__(self, gamma_max: int = 8, alpha: float = 0.7, decay: float = 0.1,
-                 target_cost: CostCurve | None = None, probe_every: int = 16, probe_max: int = 256) -> None:
+                 target_cost: CostCurve | None = None, probe_every: int = 16, probe_max: int = 256,
+                 block_len: Callable[[int], int] | None = None, overhead: float = 0.03) -> None:
         if gamma_max < 0:
             raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
         if not 0 < decay <= 1:
@@ -131,6 +147,8 @@ class AdaptiveGamma:
             _check_curve(target_cost, 1)
         self.gamma_max, self.alpha, self.decay = gamma_max, alpha, decay
         self.target_cost = target_cost
+        #: tokens the target scores in a round of depth gamma (chains: gamma + 1; trees: nodes + 1)
+        self.block_len: Callable[[int], int] = block_len or (lambda g: g + 1)
         self.c_draft: float | None = None  # seconds per drafted token
         self.c_target: float | None = None  # seconds per target forward (with a curve: per single step)
         self.block_s: dict[int, float] = {}  # no curve given: running seconds per block length k = gamma + 1
@@ -138,6 +156,12 @@ class AdaptiveGamma:
         self.probe_every, self.probe_max = probe_every, probe_max
         self._interval = probe_every
         self._zeros = 0  # consecutive rounds that chose gamma 0
+        if not 0 < overhead < 1:
+            raise ValueError(f"overhead must be in (0, 1), got {overhead}")
+        self.overhead = overhead
+        self.budget_s = 0.0  # seconds of probing earned by plain rounds (overhead x their seconds), not yet spent
+        self.probe_cost_s: float | None = None  # what the last probe cost beyond a plain round
+        self._probing = False
         self.updates = 0
         self.probes = 0
 
@@ -146,6 +170,8 @@ class AdaptiveGamma:
         if self.target_cost is not None:
             if self.c_target is None:
                 raise ValueError("costs not measured yet")
+            if k in self.block_s:  # run here: its own cost, not the curve's
+                return self.block_s[k]
             return self.c_target * float(self.target_cost(k))
         if not self.block_s:
             raise ValueError("costs not measured yet")
@@ -157,77 +183,100 @@ class AdaptiveGamma:
         """Estimated seconds of a round with ``gamma`` drafts (needs both costs measured)."""
         if self.c_draft is None or self.c_target is None:
             raise ValueError("costs not measured yet")
-        return gamma * self.c_draft + self.target_seconds(gamma + 1)
+        return gamma * self.c_draft + self.target_seconds(self.block_len(gamma))
 
     def summary(self) -> dict[str, object]:
         """What the schedule believes now: acceptance, costs, the learned block costs, probes and anchors."""
         return {"alpha": self.alpha, "c_draft_s": self.c_draft, "c_target_s": self.c_target,
                 "block_s": dict(sorted(self.block_s.items())), "best": self.best(), "probes": self.probes,
-                "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned"}
+                "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned",
+                "probe_cost_s": self.probe_cost_s, "probe_budget_s": self.budget_s}
 
-    def best(self) -> int:
-        """The gamma maximising expected tokens per second under the current estimates (no probing)."""
+    def best(self, alphas: Sequence[float] | None = None) -> int:
+        """The gamma maximising expected tokens per second under the current estimates (no probing); ``alphas``:
+        the acceptances of the rows one decision serves (default: this schedule's own)."""
         if self.c_draft is None or self.c_target is None:
-            return self.initial()
+            return self.initial(alphas)
         best, best_rate = 0, 0.0
         for g in range(self.gamma_max + 1):
-            cost = self.round_cost(g)
-            rate = expected_tokens(self.alpha, g) / cost if cost > 0 else float("inf")
+            rate = self._rate(g, alphas)
             if rate > best_rate * (1 + 1e-12):
                 best, best_rate = g, rate
         return best
 
-    def initial(self) -> int:
+    def initial(self, alphas: Sequence[float] | None = None) -> int:
         """gamma before both costs are measured. With a block-cost curve: the best gamma for free drafts at the
         prior alpha (a draft that costs as much as the target makes any long first block a loss). Without one: a
         short first draft (:data:`FIRST_GAMMA`), since on a CPU a long block can cost several steps; the learned
         curve then says whether longer drafts pay (flat block costs, as on a GPU, take gamma up at once)."""
         if self.target_cost is None:
             return min(self.gamma_max, FIRST_GAMMA)
-        return best_gamma(self.alpha, self.gamma_max, self.target_cost)
+        alpha = self.alpha if not alphas else sum(alphas) / len(alphas)
+        return best_gamma(alpha, self.gamma_max, lambda k: self.target_cost(self.block_len(k - 1)))  # type: ignore[misc]
 
-    def choose(self) -> int:
+    def choose(self, alphas: Sequence[float] | None = None) -> int:
+        """This round's gamma: :meth:`best`, after the anchor round and with the rare probes that keep alpha
+        measured while the schedule sits at 0 (module docstring)."""
         if self.c_draft is None or self.c_target is None:
-            return self.initial()
+            return self.initial(alphas)
         if self.target_cost is None and 1 not in self.block_s and not self.anchors:
             self.anchors += 1  # one plain round: the learned curve's anchor at k = 1
             return 0
-        g = self.best()
+        g = self.best(alphas)
         if g > 0:
             self._zeros, self._interval = 0, self.probe_every
             return g
         self._zeros += 1
-        if self._zeros >= self._interval and self.gamma_max > 0:
+        affordable = self.probe_cost_s is None or self.budget_s >= self.probe_cost_s
+        if self._zeros >= self._interval and self.gamma_max > 0 and affordable:
             # probe: draft once so alpha stays measured; the next decision says whether it paid
             self._zeros, self._interval = 0, min(2 * self._interval, self.probe_max)
             self.probes += 1
-            return max(1, max(range(1, self.gamma_max + 1), key=self._rate))
+            self._probing = True
+            return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self._rate(g, alphas)))
         return 0
 
-    def _rate(self, g: int) -> float:
+    def _rate(self, g: int, alphas: Sequence[float] | None = None) -> float:
         cost = self.round_cost(g)
-        return expected_tokens(self.alpha, g) / cost if cost > 0 else float("inf")
+        tokens = sum(expected_tokens(a, g) for a in (alphas or [self.alpha]))
+        return tokens / cost if cost > 0 else float("inf")
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.decay) * old + self.decay * new
 
-    def update(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def update(self, drafted: int, accepted: int, draft_s: float, target_s: float, scored: int | None = None) -> None:
         """Fold in one round: ``accepted`` of ``drafted`` tokens; the positions reached were min(drafted,
         accepted + 1), each a Bernoulli(alpha) trial. The first update's times (prefill) are not used."""
         first = self.updates == 0
+        self.observe_acceptance(drafted, accepted)
+        if not first:
+            self.observe_costs(drafted, draft_s, target_s, scored)
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        """Fold in one row's acceptance: ``accepted`` of ``drafted`` (depths, for a tree)."""
         self.updates += 1
         if drafted:
             reached = min(drafted, accepted + 1)
             self.alpha = min(max(self._ema(self.alpha, accepted / reached), 0.0), 0.999)
-        if first:
-            return
+
+    def observe_costs(self, drafted: int, draft_s: float, target_s: float, scored: int | None = None) -> None:
+        """Fold in one round's seconds: ``draft_s`` for ``drafted`` draft steps, ``target_s`` for scoring
+        ``scored`` tokens (default ``drafted + 1``, a chain). The caller leaves out rounds that ran a prefill."""
+        k = drafted + 1 if scored is None else scored
         if drafted:
             self.c_draft = self._ema(self.c_draft, draft_s / drafted)
         elif self.c_draft is None:
             self.c_draft = 0.0
+        plain = self.block_s.get(1)
+        self.block_s[k] = self._ema(self.block_s.get(k), target_s)
         if self.target_cost is None:
-            k = drafted + 1
-            self.block_s[k] = self._ema(self.block_s.get(k), target_s)
             self.c_target = self.target_seconds(1)
         else:
-            self.c_target = self._ema(self.c_target, target_s / float(self.target_cost(drafted + 1)))
+            self.c_target = self._ema(self.c_target, target_s / float(self.target_cost(k)))
+        if drafted == 0:
+            self.budget_s += self.overhead * target_s
+        elif self._probing:  # what probing cost beyond the plain round it replaced
+            extra = draft_s + max(target_s - (plain if plain is not None else target_s), 0.0)
+            self.probe_cost_s = extra
+            self.budget_s = max(self.budget_s - extra, 0.0)
+        self._probing = False

@@ -7,8 +7,11 @@ replacement share their parent's q), or ``q is None`` for a token-only proposal 
 drafting, top-k trees): the verifier then treats each candidate as one-hot (tutorial 3.3 / Appendix H.1).
 
 Drafters work on a batch of rows at once and own their adaptation: :meth:`BaseDrafter.update` receives every
-verified round, and ``gamma="auto"`` keeps an :class:`~verispec.core.schedule.AdaptiveGamma` per row, so adaptive
-length works for every drafter.
+verified round, and ``gamma="auto"`` works for every drafter: each auto row keeps its own acceptance (an
+:class:`~verispec.core.schedule.AdaptiveGamma` per row), and one schedule per batch size (rows in the round) learns
+what a round costs and makes one decision for all the auto rows of a round, maximising the batch's expected tokens
+per second. Costs are shared across requests, so a new request starts with the costs its predecessors measured;
+a round in which some row ran its prompt's prefill is left out of the costs.
 """
 
 from __future__ import annotations
@@ -114,6 +117,18 @@ class Drafter(Protocol):
     def update(self, key: int, proposal: Proposal, accepted: int, target_s: float) -> None: ...
 
 
+@dataclass
+class _Round:
+    """The round in flight: who decided it, which rows have yet to report, and its padded size."""
+
+    schedule: AdaptiveGamma
+    pending: set[int]
+    prefill: bool
+    depth: int = 0
+    scored: int = 0
+    draft_s: float = 0.0
+
+
 class BaseDrafter:
     """Per-row draft lengths (fixed or adaptive) and the default hooks; subclasses implement :meth:`draft`."""
 
@@ -127,33 +142,61 @@ class BaseDrafter:
 
     def __init__(self, gamma_max: int = 8) -> None:
         self.gamma_max = gamma_max
-        self._gamma: dict[int, int | AdaptiveGamma] = {}
+        self._gamma: dict[int, int | AdaptiveGamma] = {}  # per row: a constant gamma, or its acceptance (auto)
+        self._costs: dict[int, AdaptiveGamma] = {}  # per batch size: what a round costs, and the decision
+        self._fresh: set[int] = set()  # rows whose first round (the prompt's prefill) has not run yet
+        self._round: _Round | None = None
 
     # -- rows ------------------------------------------------------------------------------------------------
     def add_row(self, key: int, gamma: int | str | None = None) -> None:
         check_gamma(gamma)
         gamma = self.default_gamma if gamma is None else gamma
-        auto = gamma == "auto"
-        self._gamma[key] = AdaptiveGamma(self.gamma_max, target_cost=self.target_cost) if auto else int(gamma)
+        self._gamma[key] = AdaptiveGamma(self.gamma_max) if gamma == "auto" else int(gamma)  # type: ignore[arg-type]
+        self._fresh.add(key)
 
     def remove_row(self, key: int) -> None:
         self._gamma.pop(key, None)
+        self._fresh.discard(key)
+
+    def nodes(self, depth: int) -> int:
+        """Tokens drafted in a round of this depth (a chain: ``depth``; a tree drafter: its node count)."""
+        return depth
+
+    def schedule(self, rows: int) -> AdaptiveGamma:
+        """The shared schedule of rounds with ``rows`` rows (created on first use)."""
+        if (s := self._costs.get(rows)) is None:
+            s = self._costs[rows] = AdaptiveGamma(self.gamma_max, target_cost=self.target_cost,
+                                                  block_len=lambda g: self.nodes(g) + 1)
+        return s
 
     def schedule_summary(self, key: int) -> dict | None:
-        """What a row's adaptive schedule believes (``gamma="auto"``; see :meth:`AdaptiveGamma.summary`), or
-        None for a constant gamma."""
+        """What a row's adaptive schedule believes (``gamma="auto"``): its acceptance, and the costs, probes and
+        best gamma of the single-row schedule (see :meth:`AdaptiveGamma.summary`); None for a constant gamma."""
         g = self._gamma.get(key)
-        return g.summary() if isinstance(g, AdaptiveGamma) else None
+        if not isinstance(g, AdaptiveGamma):
+            return None
+        sizes = sorted(self._costs)
+        one = self._costs.get(1) or AdaptiveGamma(self.gamma_max, target_cost=self.target_cost)
+        out = one.summary()
+        out.update(alpha=g.alpha, best=one.best([g.alpha]), batch_sizes=sizes)
+        return out
 
-    def length(self, req: DraftRequest) -> int:
-        """This round's depth for the row: its gamma (or the adaptive choice), capped by ``max_len``."""
-        g = self._gamma.get(req.key, self.default_gamma)
-        wanted = g.choose() if isinstance(g, AdaptiveGamma) else g
-        return max(min(wanted, req.max_len), 0)
+    def lengths(self, requests: Sequence[DraftRequest]) -> list[int]:
+        """This round's depth for each row: its gamma, or for the auto rows one decision of the schedule of
+        this batch size over their acceptances; capped by each row's ``max_len``."""
+        rows = [self._gamma.get(r.key, self.default_gamma) for r in requests]
+        auto = [g.alpha for g in rows if isinstance(g, AdaptiveGamma)]
+        sched = self.schedule(len(requests)) if auto else None
+        chosen = sched.choose(auto) if sched is not None else 0
+        out = [max(min(chosen if isinstance(g, AdaptiveGamma) else g, r.max_len), 0)
+               for g, r in zip(rows, requests, strict=True)]
+        prefill = any(r.key in self._fresh for r in requests)
+        self._round = _Round(sched, {r.key for r in requests}, prefill) if sched is not None else None
+        return out
 
     # -- rounds ----------------------------------------------------------------------------------------------
     def propose(self, requests: Sequence[DraftRequest]) -> list[Proposal]:
-        return self.draft(requests, [self.length(r) for r in requests])
+        return self.draft(requests, self.lengths(requests))
 
     def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         raise NotImplementedError
@@ -162,7 +205,19 @@ class BaseDrafter:
         """Keep what the drafter computed for the accepted path (default: nothing to keep)."""
 
     def update(self, key: int, proposal: Proposal, accepted: int, target_s: float) -> None:
-        """Adapt from a verified round (default: the row's adaptive gamma, if any)."""
+        """Adapt from a verified round: the row's acceptance (auto rows); once every row of the round has
+        reported, the round's costs go to the schedule that decided it (unless a row ran its prefill)."""
+        self._fresh.discard(key)
         g = self._gamma.get(key)
         if isinstance(g, AdaptiveGamma):
-            g.update(proposal.depth, accepted, proposal.seconds, target_s)
+            g.observe_acceptance(proposal.depth, accepted)
+        rnd = self._round
+        if rnd is None or key not in rnd.pending:
+            return
+        rnd.pending.discard(key)
+        rnd.depth, rnd.scored = max(rnd.depth, proposal.depth), max(rnd.scored, len(proposal))
+        rnd.draft_s = max(rnd.draft_s, proposal.seconds)
+        if not rnd.pending:
+            self._round = None
+            if not rnd.prefill:
+                rnd.schedule.observe_costs(rnd.depth, rnd.draft_s, target_s, scored=rnd.scored + 1)

@@ -65,14 +65,26 @@ class TreeDrafter(ModelDrafter):
         budget: int | None = None,
         width: int | None = None,
         sample: bool = False,
-        gamma_max: int = 8,
+        gamma_max: int | None = None,
     ) -> None:
-        super().__init__(backend, gamma_max=gamma_max)
+        super().__init__(backend, gamma_max=depth if gamma_max is None else gamma_max)
         if not getattr(backend, "supports_trees", False):
             raise ValueError(f"tree drafting needs a backend with tree attention; {type(backend).__name__} has none")
         self._check(depth, top_k, budget, width, sample)
         self.default_gamma = depth
         self.depth, self.top_k, self.budget, self.width, self.sample = depth, top_k, budget, width, sample
+
+    def nodes(self, depth: int) -> int:
+        """Most nodes a tree of this depth holds (static: sum of top_k^i; dynamic: ``width`` nodes expanded per
+        level, capped by ``budget``): the adaptive schedule's block size for that depth."""
+        width = self.top_k if self.width is None or self.budget is None else self.width
+        level, total = 1, 0
+        for _ in range(depth):
+            level *= self.top_k
+            total += level
+            if self.budget is not None:
+                level = min(level, width)
+        return total if self.budget is None else min(total, self.budget)
 
     @staticmethod
     def _check(depth: int, top_k: int, budget: int | None, width: int | None, sample: bool) -> None:
