@@ -91,10 +91,11 @@ def _dist_fns(target, draft, cfg):
     return make(target), make(draft)
 
 
-def _chi2_sequences(eng, rule, cfg, exact, prompt, gamma, length):
+def _chi2_sequences(eng, rule, cfg, exact, prompt, gamma, length, verifier="token"):
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(N_SEQ):
-        out = eng.generate(prompt, rule=rule, sampling=cfg, gamma=gamma, max_new_tokens=length, seed=seed)
+        out = eng.generate(prompt, rule=rule, sampling=cfg, gamma=gamma, max_new_tokens=length, seed=seed,
+                           verifier=verifier)
         key = tuple(out.token_ids)
         assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
         counts[key] = counts.get(key, 0) + 1
@@ -128,6 +129,23 @@ def test_sampled_continuations_match_exact_distribution(rule, cfg, gamma, length
         assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-12
     eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
     pvalue = _chi2_sequences(eng, rule, cfg, exact, list(prompt), gamma, length)
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5)])
+def test_block_verified_continuations_match_the_target_law(cfg):
+    """Block verification through the engine (gamma 3, processors on p and q): chi-square of N = 4000
+    continuations against the target's own law, alpha = 1e-4, hard failure on a zero-probability continuation;
+    the enumerated block law equals the target's to 1e-12 first."""
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    p_fn, q_fn = _dist_fns(target, draft, cfg)
+    prompt = (1, 3, 2)
+    plain = sequence_distribution("lossless", p_fn, None, 0, 3, prompt)
+    block = sequence_distribution("lossless", p_fn, q_fn, 3, 3, prompt, verifier="block")
+    assert max(abs(block.get(k, 0) - v) for k, v in plain.items()) < 1e-12
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    pvalue = _chi2_sequences(eng, get("lossless"), cfg, plain, list(prompt), 3, 3, verifier="block")
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 

@@ -1,22 +1,113 @@
-"""Exact distribution of whole continuations produced by the speculative loop (composition over positions).
+"""Exact distribution of whole continuations produced by the speculative loop (composition over rounds).
 
-Within a round the emitted token at draft index k < gamma follows the rule's one-step law, split into the
-accept path q h (the round goes on to index k + 1) and the reject path (sum q (1 - h)) r (a new round
-starts); index gamma emits the bonus. This module composes that exactly over a short horizon for any
-p(prefix), q(prefix) callables, mirroring the engine's gamma capping (gamma_round = min(gamma, remaining - 1)).
+A round from a prefix drafts g = min(gamma, remaining - 1) tokens (the engine's capping) and emits the accepted
+drafts plus one correction or bonus token. :func:`round_law` gives the exact law of what one round emits, for
+token-wise verification (at draft index k < g the emitted token follows the rule's one-step law, split into the
+accept path q h, which goes on to index k + 1, and the reject path (sum q (1 - h)) r; index g emits the bonus) and
+for block verification (every draft path x_1 .. x_g weighed by prod q, the kept prefix tau with probability
+h_tau prod_{j > tau} (1 - h_j), then the bonus or the block residual: :mod:`verispec.core.verify.block`).
+:func:`sequence_distribution` composes rounds exactly over a short horizon for any p(prefix), q(prefix)
+callables; :func:`expected_accepted` is the exact expected number of accepted drafts in one round.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
 
 from verispec.core.rules import Rule, get
+from verispec.core.verify.block import block_acceptance, block_residual, block_weights
+from verispec.defaults import VERIFIERS, check_verifier
 
-__all__ = ["sequence_distribution"]
+__all__ = ["VERIFIERS", "expected_accepted", "round_law", "sequence_distribution"]
 
 DistFn = Callable[[tuple[int, ...]], torch.Tensor]
+
+
+def _token_round(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int,
+                 prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+    out: dict[tuple[int, ...], float] = {}
+
+    def rec(path: tuple[int, ...], prob: float, k: int) -> None:
+        if prob == 0.0:
+            return
+        pre = prefix + path
+        p = p_fn(pre).to(torch.float64)
+        if k == g:  # bonus (or a target-only step)
+            bonus = rule.bonus(p)
+            for x in torch.nonzero(bonus > 0).flatten().tolist():
+                out[path + (x,)] = out.get(path + (x,), 0.0) + prob * float(bonus[x])
+            return
+        q = rule.draft(q_fn(pre).to(torch.float64))
+        h = rule.acceptance(p, q)
+        r = rule.correction(p, q)
+        accept = q * h
+        reject = float((q * (1 - h)).sum())
+        for x in torch.nonzero(accept > 0).flatten().tolist():
+            rec(path + (x,), prob * float(accept[x]), k + 1)
+        if reject > 0:
+            for x in torch.nonzero(r > 0).flatten().tolist():
+                out[path + (x,)] = out.get(path + (x,), 0.0) + prob * reject * float(r[x])
+
+    rec((), 1.0, 0)
+    return out
+
+
+def _block_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+    out: dict[tuple[int, ...], float] = {}
+    V = int(p_fn(prefix).shape[-1])
+    for path in itertools.product(range(V), repeat=g):
+        prob, qs, ps = 1.0, [], []
+        for i in range(g):
+            q = q_fn(prefix + path[:i]).to(torch.float64)
+            prob *= float(q[path[i]])
+            if prob == 0.0:
+                break
+            qs.append(q)
+            ps.append(p_fn(prefix + path[:i]).to(torch.float64))
+        if prob == 0.0:
+            continue
+        ps.append(p_fn(prefix + path).to(torch.float64))
+        p, q = torch.stack(ps).unsqueeze(0), torch.stack(qs).unsqueeze(0)
+        x = torch.tensor([path], dtype=torch.long)
+        w = block_weights(x, q, p)
+        h = block_acceptance(w, q, p)[0].tolist()
+        for tau in range(g + 1):
+            pt = h[tau - 1] if tau else 1.0  # P(tau | path) = h_tau prod_{j > tau} (1 - h_j)
+            for hj in h[tau:]:
+                pt *= 1.0 - hj
+            if pt <= 0.0:
+                continue
+            if tau == g:
+                final = p[0, g]
+            else:
+                final = block_residual(w[:, tau], p[:, tau], q[:, tau])[0]
+            for y in torch.nonzero(final > 0).flatten().tolist():
+                key = path[:tau] + (y,)
+                out[key] = out.get(key, 0.0) + prob * pt * float(final[y])
+    return out
+
+
+def round_law(rule: Rule | str, p_fn: DistFn, q_fn: DistFn | None, g: int, prefix: tuple[int, ...] = (),
+              verifier: str = "token") -> dict[tuple[int, ...], float]:
+    """Exact law of the tokens one round emits after ``prefix`` with ``g`` drafts (accepted drafts + one
+    correction or bonus token); ``q_fn=None`` or ``g = 0``: one target step. Block verification needs a lossless
+    rule (it verifies against the target's p)."""
+    rule = get(rule) if isinstance(rule, str) else rule
+    check_verifier(verifier, rule.lossless, trees=False)
+    if q_fn is None:
+        g = 0
+    if verifier == "block" and g > 0:
+        return _block_round(p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
+    return _token_round(rule, p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
+
+
+def expected_accepted(rule: Rule | str, p_fn: DistFn, q_fn: DistFn, gamma: int, prefix: tuple[int, ...] = (),
+                      verifier: str = "token") -> float:
+    """Exact expected number of drafts accepted in one round of ``gamma`` drafts after ``prefix``."""
+    return sum((len(k) - 1) * v for k, v in round_law(rule, p_fn, q_fn, gamma, prefix, verifier).items())
 
 
 def sequence_distribution(
@@ -26,16 +117,18 @@ def sequence_distribution(
     gamma: int,
     length: int,
     prompt: tuple[int, ...] = (),
+    verifier: str = "token",
 ) -> dict[tuple[int, ...], float]:
     """Exact probability of every continuation of ``length`` tokens after ``prompt``.
 
     ``p_fn(prefix)`` / ``q_fn(prefix)`` return the processed target / draft distributions (float64, [V]) for
     the next token after ``prefix`` (the full sequence so far). ``q_fn=None`` means the target alone (gamma 0).
+    ``verifier``: "token" (the rule, token by token) or "block" (:mod:`verispec.core.verify.block`).
     """
     rule = get(rule) if isinstance(rule, str) else rule
     out: dict[tuple[int, ...], float] = {}
 
-    def walk(prefix: tuple[int, ...], prob: float, k: int, g: int) -> None:
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
         done = len(prefix) - len(prompt)
         if prob == 0.0:
             return
@@ -43,25 +136,9 @@ def sequence_distribution(
             key = prefix[len(prompt) :]
             out[key] = out.get(key, 0.0) + prob
             return
-        if k == 0:  # a new round starts: the engine caps gamma by the tokens still allowed
-            g = 0 if q_fn is None else max(min(gamma, length - done - 1), 0)
-        p = p_fn(prefix).to(torch.float64)
-        if k == g:  # bonus (or a target-only step)
-            bonus = rule.bonus(p)
-            for x in torch.nonzero(bonus > 0).flatten().tolist():
-                walk(prefix + (x,), prob * float(bonus[x]), 0, 0)
-            return
-        q = q_fn(prefix).to(torch.float64)  # type: ignore[misc]
-        q = rule.draft(q)
-        h = rule.acceptance(p, q)
-        r = rule.correction(p, q)
-        accept = q * h
-        reject = float((q * (1 - h)).sum())
-        for x in torch.nonzero(accept > 0).flatten().tolist():
-            walk(prefix + (x,), prob * float(accept[x]), k + 1, g)
-        if reject > 0:
-            for x in torch.nonzero(r > 0).flatten().tolist():
-                walk(prefix + (x,), prob * reject * float(r[x]), 0, 0)
+        g = 0 if q_fn is None else max(min(gamma, length - done - 1), 0)  # the engine caps gamma
+        for emitted, pr in round_law(rule, p_fn, q_fn, g, prefix, verifier).items():
+            walk(prefix + emitted, prob * pr)
 
-    walk(tuple(prompt), 1.0, 0, 0)
+    walk(tuple(prompt), 1.0)
     return out
