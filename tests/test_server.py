@@ -127,7 +127,17 @@ def test_completion_and_chat_non_streamed_equal_the_engine(server, reference):
     assert r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (11, 20)
     vs = r.model_extra["verispec"]
-    assert vs["rule"] == "lossless" and vs["metrics"]["drafted"] == ref.metrics.drafted
+    # no gamma asked for: the adaptive schedule (greedy text is the target's whatever the rounds)
+    assert vs["rule"] == "lossless" and vs["gamma"] == "auto" and vs["metrics"]["schedule"]["alpha"] is not None
+    assert set(vs["backends"]) == {"target_backend", "drafter", "draft_backend"} and vs["backends"]["drafter"]
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=20, temperature=0, seed=1,
+                             extra_body={"speculative": {"gamma": 5}})
+    assert r.choices[0].text == ref.text and r.model_extra["verispec"]["metrics"]["drafted"] == ref.metrics.drafted
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=20, temperature=1.0, seed=3,
+                             extra_body={"speculative": {"gamma": 3}, "verification": {"verifier": "block"}})
+    ref = reference.generate("hello world", sampling=SamplingConfig(temperature=1.0), max_new_tokens=20, seed=3,
+                             gamma=3, verifier="block")
+    assert r.choices[0].text == ref.text and r.model_extra["verispec"]["verifier"] == "block"
 
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi there"}], max_tokens=24,
                                   temperature=0, seed=2)
@@ -142,7 +152,8 @@ def test_streamed_text_equals_non_streamed_text(server, chat):
     """Seeded greedy request: the streamed deltas add up to the non-streamed text; usage and the verispec block
     ride on the last chunk."""
     c = client(server)
-    kw = dict(model=MODEL, max_tokens=40, temperature=0, seed=5)
+    # a constant gamma: under the default adaptive schedule the rounds (and so the metrics) follow measured times
+    kw = dict(model=MODEL, max_tokens=40, temperature=0, seed=5, extra_body={"speculative": {"gamma": 5}})
     if chat:
         msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "name a color"}]
         full = c.chat.completions.create(messages=msgs, **kw)
@@ -303,6 +314,10 @@ BAD = [
     ("/v1/completions", {**COMP, "top_p": 0}, 400, "top_p", "top_p"),
     ("/v1/completions", {**COMP, "stop": 7}, 400, "stop", "stop"),
     ("/v1/completions", {**COMP, "seed": -3}, 400, "seed", "seed"),
+    ("/v1/completions", {**COMP, "verification": {"rule": "lenience", "params": {"l": 0.5}, "verifier": "block"}},
+     400, "verifies the lossless law", "verification.verifier"),
+    ("/v1/completions", {**COMP, "verification": {"verifier": "blocky"}}, 400, "unknown verifier 'blocky'",
+     "verification.verifier"),
     ("/v1/completions", {**COMP, "speculative": {"gamma": -1}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gamma": 1000}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gama": 3}}, 400, "unknown field 'speculative.gama'",
@@ -446,7 +461,7 @@ def test_metrics_parse_and_count_what_was_served(server):
     _, _, last = collect_stream(c.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "me too"}], max_tokens=7, temperature=0.7, seed=1,
         stream=True, stream_options={"include_usage": True},
-        extra_body={"verification": {"rule": "lenience", "params": {"l": 0.5}}}))
+        extra_body={"verification": {"rule": "lenience", "params": {"l": 0.5}}, "speculative": {"gamma": 5}}))
     post(server, "/v1/completions", {**COMP, "n": 3})
     after = metrics(server)
 

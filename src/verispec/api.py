@@ -14,14 +14,18 @@ from verispec.backends.llamacpp import LlamaCppBackend
 from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig
 from verispec.defaults import (
+    AUTO,
     DEFAULT_DRAFT,
     DEFAULT_DTYPE,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TARGET,
     DEFAULT_TEMPERATURE,
+    DEFAULT_VERIFIER,
     DRAFTERS,
+    SERVING_GAMMA,
     check_pairing,
     drafter_spec,
+    resolve_backends,
 )
 from verispec.drafters import BaseDrafter
 from verispec.drafters.registry import make_drafter
@@ -241,9 +245,10 @@ def generate(
     *,
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
-    drafter: str = "model",
+    drafter: str = AUTO,
     rule: str | Rule = "lossless",
     rule_params: dict | None = None,
+    verifier: str = DEFAULT_VERIFIER,
     gamma: int | str | None = None,
     temperature: float = DEFAULT_TEMPERATURE,
     top_p: float | None = None,
@@ -258,9 +263,15 @@ def generate(
     seed: int = 0,
     chat: bool = False,
     dtype: str = DEFAULT_DTYPE,
-    target_backend: str = "hf",
+    target_backend: str = AUTO,
 ) -> GenerationResult:
     """Speculative generation in one call; models are loaded once and kept for later calls.
+
+    ``drafter`` and ``target_backend``: "auto" (the default) runs both on llama.cpp when it is installed, else
+    on transformers (:func:`~verispec.defaults.resolve_backends`). ``gamma``: the draft length (tree: depth),
+    "auto", or None for :data:`~verispec.defaults.SERVING_GAMMA` (the adaptive schedule: drafts only while it pays
+    here; pass a constant for a seed-reproducible sampled run). ``verifier``: "token" or "block" (block
+    verification, lossless rules: :mod:`verispec.core.verify.block`).
 
     Returns text, token ids, finish_reason ("stop" or "length") and metrics (BE, tokens/round, timings).
     """
@@ -275,15 +286,18 @@ def generate(
         presence_penalty=presence_penalty,
     )
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
-    engine = load_engine(target, draft, drafter, dtype, target_backend=target_backend)
+    target_backend, drafter = resolve_backends(target_backend, drafter)
+    engine = load_engine(target, draft if drafter_spec(drafter).uses_draft_model else None, drafter, dtype,
+                         target_backend=target_backend)
     return engine.generate(  # type: ignore[return-value]
         prompt_or_ids,
         rule=rule_obj,
         sampling=cfg,
-        gamma=gamma,
+        gamma=SERVING_GAMMA if gamma is None else gamma,
         max_new_tokens=max_new_tokens,
         stop=stop,
         seed=seed,
         chat=chat,
+        verifier=verifier,
     )
 

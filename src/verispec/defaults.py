@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
-__all__ = ["CHAT_MAX_NEW_TOKENS", "DEFAULT_BATCH_SIZE", "DEFAULT_DRAFT", "DEFAULT_DRAFTER", "DEFAULT_DTYPE",
-           "DEFAULT_GAMMA", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TARGET", "DEFAULT_TARGET_BACKEND", "DEFAULT_TEMPERATURE",
-           "DRAFTERS", "DTYPES", "PAPER_SEEDS", "SWEEP_MAX_NEW_TOKENS", "TARGET_BACKENDS", "DrafterSpec",
-           "TargetBackendSpec", "check_pairing", "drafter_spec", "target_backend"]
+__all__ = ["AUTO", "AUTO_DRAFTER", "CHAT_MAX_NEW_TOKENS", "DEFAULT_BATCH_SIZE", "DEFAULT_DRAFT", "DEFAULT_DRAFTER",
+           "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TARGET", "DEFAULT_TARGET_BACKEND",
+           "DEFAULT_TEMPERATURE", "DEFAULT_VERIFIER", "DRAFTERS", "DTYPES", "DrafterSpec", "PAPER_SEEDS",
+           "SERVING_GAMMA", "SWEEP_MAX_NEW_TOKENS", "TARGET_BACKENDS", "TargetBackendSpec", "VERIFIERS",
+           "check_pairing", "check_verifier", "drafter_spec", "llamacpp_installed", "resolve_backends",
+           "target_backend"]
 
 #: the default real pair (registered names; :mod:`verispec.models` installs them)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -15,8 +18,14 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 #: sampling temperature when none is given (the paper's experiments use 0.7): SamplingConfig, Engine.generate, the
 #: API, the CLI, the server and sweeps all read it from here
 DEFAULT_TEMPERATURE = 0.7
-#: chain draft length when none is given
+#: chain draft length when none is given to the engine, a sweep or an evaluation (the paper's gamma): a constant
+#: gamma keeps a seeded sampled run reproducible
 DEFAULT_GAMMA = 5
+#: gamma of ``verispec generate``, :func:`verispec.generate` and the server when a request names none: the
+#: adaptive schedule (:mod:`verispec.core.schedule`), which drafts only while drafting pays on this machine and
+#: falls back to plain decoding otherwise. Its rounds follow measured times, so at temperature > 0 a seed fixes
+#: the text only with a constant gamma; greedy output is the target's whatever the rounds.
+SERVING_GAMMA: int | str = "auto"
 #: new tokens of a request that names none (``generate --chat`` allows a complete answer; sweeps their own)
 DEFAULT_MAX_NEW_TOKENS = 128
 CHAT_MAX_NEW_TOKENS = 512
@@ -26,8 +35,42 @@ PAPER_SEEDS = (0, 1, 2)
 #: precision of the transformers models
 DTYPES = ("bfloat16", "float32", "float16")
 DEFAULT_DTYPE = "bfloat16"
+#: a sweep's or the engine's drafter and target backend when none is named (a config means the same on every
+#: machine, whatever is installed there)
 DEFAULT_DRAFTER = "model"
 DEFAULT_TARGET_BACKEND = "hf"
+#: ``verispec generate``, ``verispec serve`` and :func:`verispec.generate` default to "auto" for both: llama.cpp
+#: runs the target and the draft when llama-cpp-python is installed (``install.sh fast``) and the models run on
+#: the CPU, since there it is several times faster than transformers (README "Speed"); else transformers.
+#: "auto" drafter per target backend: the draft model's chain on transformers (a block of a few tokens costs little
+#: more than one step there, so the draft pays: 1.15-1.7x the target alone, docs/results/schedule.md); prompt
+#: lookup on llama.cpp, whose block cost grows with its length on a CPU: there the draft model did not pay (the
+#: schedule fell back in 99% of the rounds), prompt lookup costs nothing when it finds no match and pays on code
+#: where the output restates the prompt. Both run under the adaptive schedule.
+AUTO = "auto"
+AUTO_DRAFTER = {"hf": "model", "llamacpp": "ngram"}
+#: how a round's chain of drafts is verified: "token" (the rule's acceptance and correction, token by token: every
+#: rule, chains and trees) or "block" (Sun et al. 2024's block verification: lossless rules, chains only; accepts
+#: at least as many drafts per round in expectation, same law)
+VERIFIERS: dict[str, str] = {
+    "token": "token by token with the rule's acceptance h and correction r (every rule; chains and trees)",
+    "block": "block verification (Sun et al. 2024): the longest prefix passing its block test; lossless rules, "
+             "chains only",
+}
+DEFAULT_VERIFIER = "token"
+
+
+def check_verifier(verifier: str, lossless: bool, trees: bool) -> None:
+    """ValueError naming the problem when ``verifier`` is unknown or cannot verify this rule or proposal."""
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
+    if verifier == "block" and not lossless:
+        raise ValueError("verifier 'block' verifies the lossless law: use a lossless rule, or verifier 'token' "
+                         "for a lossy one")
+    if verifier == "block" and trees:
+        raise ValueError("verifier 'block' verifies a chain; token trees are verified token by token")
+
+
 #: units (or requests) decoded at once as rows of one batch by the harness (docs/results/batching.md)
 DEFAULT_BATCH_SIZE = 8
 
@@ -101,6 +144,26 @@ def target_backend(name: str) -> str:
     if name not in TARGET_BACKENDS:
         raise ValueError(f"unknown target backend {name!r}; choose one of {', '.join(TARGET_BACKENDS)}")
     return name
+
+
+def llamacpp_installed() -> bool:
+    """llama-cpp-python importable here (found without importing it)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def resolve_backends(target_backend_name: str, drafter: str, device: str = "cpu") -> tuple[str, str]:
+    """(target backend, drafter) with "auto" resolved (see :data:`AUTO`): an explicit transformers drafter or a
+    tree (which needs tree attention) or a device other than the CPU keeps the target on transformers."""
+    if target_backend_name == AUTO:
+        hf_only = drafter != AUTO and (drafter_spec(drafter).draft_backend == "hf"
+                                       or drafter_spec(drafter).proposes_trees)
+        fast = device == "cpu" and not hf_only and llamacpp_installed()
+        target_backend_name = "llamacpp" if fast else "hf"
+    target_backend(target_backend_name)
+    if drafter == AUTO:
+        drafter = AUTO_DRAFTER[target_backend_name]
+    drafter_spec(drafter)
+    return target_backend_name, drafter
 
 
 def check_pairing(drafter: str, target_backend_name: str) -> None:

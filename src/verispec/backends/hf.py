@@ -50,6 +50,7 @@ class _Row:
 class HFBackend:
     """A transformers causal LM scoring proposals for a batch of rows (see :mod:`verispec.backends.base`)."""
 
+    name = "hf"
     supports_trees = True
 
     def __init__(self, model: PreTrainedModel, slack: int = 64, prefill_threshold: int = 16) -> None:

@@ -120,6 +120,8 @@ class LlamaCppBackend:
     default :data:`DEFAULT_BLOCK_COSTS`).
     """
 
+    name = "llamacpp"
+
     supports_trees = False
 
     def __init__(

@@ -15,13 +15,19 @@ import math
 import click
 
 from verispec.defaults import (
+    AUTO,
+    AUTO_DRAFTER,
     CHAT_MAX_NEW_TOKENS,
     DEFAULT_DTYPE,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
+    DEFAULT_VERIFIER,
     DRAFTERS,
     DTYPES,
+    SERVING_GAMMA,
     TARGET_BACKENDS,
+    VERIFIERS,
+    resolve_backends,
 )
 
 __all__ = ["main"]
@@ -73,8 +79,10 @@ def _json_number(x: float) -> float | str:
     return x if math.isfinite(x) else ("inf" if x > 0 else "-inf" if x < 0 else "nan")
 
 
-def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float], q_vals: list[float]) -> dict:
-    """The numbers behind ``verispec analyze`` (ValueError on invalid input)."""
+def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float], q_vals: list[float],
+                 gamma: int | None = None) -> dict:
+    """The numbers behind ``verispec analyze`` (ValueError on invalid input). With ``gamma``: the exact expected
+    accepted drafts per round of ``gamma`` drafts when every position has this (p, q), per verifier."""
     import torch
 
     from verispec.analysis import acceptance_probability, induced_distribution, kl, tv
@@ -112,6 +120,18 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
         out["kl_to_matched"] = float(kl(induced, target))
     out["rule"] = rule.describe()
     out["p"], out["q"] = [float(x) for x in p], [float(x) for x in q]
+    if gamma is not None:
+        from verispec.analysis.sequence import expected_accepted
+        from verispec.defaults import VERIFIERS
+
+        if gamma < 1:
+            raise ValueError(f"--gamma must be >= 1, got {gamma}")
+        if len(p) ** gamma > 1_000_000:
+            raise ValueError(f"--gamma {gamma} over {len(p)} tokens enumerates too many draft paths; use fewer")
+        out["expected_accepted"] = {
+            v: expected_accepted(rule, lambda _: p, lambda _: q, gamma, (), verifier=v)
+            for v in VERIFIERS if v == "token" or rule.lossless}
+        out["gamma"] = gamma
     return out
 
 
@@ -120,9 +140,12 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
 @click.option("--p", "p_text", metavar="P1,P2,...", help="Target distribution p. Required.")
 @click.option("--q", "q_text", metavar="Q1,Q2,...", help="Draft distribution q. Required.")
+@click.option("--gamma", default=None, type=int,
+              help="Also the exact expected accepted drafts per round of this many drafts, per verifier (token; "
+                   "block for lossless rules), with this (p, q) at every position.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, q_text: str | None,
-            as_json: bool) -> None:
+            gamma: int | None, as_json: bool) -> None:
     """Exact one-step analysis of a verification rule on one (p, q) pair.
 
     Prints the induced distribution, the acceptance probability, and TV and KL(induced || p); for rules with a
@@ -144,13 +167,14 @@ def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, 
             raise ValueError("missing --rule NAME (see `verispec rules`)")
         p_vals = parse_distribution(p_text, "p")
         q_vals = parse_distribution(q_text, "q")
-        res = analyze_pair(rule_name, rules.parse_params(params), p_vals, q_vals)
+        res = analyze_pair(rule_name, rules.parse_params(params), p_vals, q_vals, gamma)
     except (ValueError, TypeError) as exc:
         raise _fail(exc) from None
 
     if as_json:
         keys = ["induced", "acceptance", "tv_to_p", "kl_to_p", "tv_to_matched", "kl_to_matched", "matched",
-                "matched_target", "realization", "reference_sum", "cos_we", "tv_to_cos_we", "rule", "p", "q"]
+                "matched_target", "realization", "reference_sum", "cos_we", "tv_to_cos_we", "gamma",
+                "expected_accepted", "rule", "p", "q"]
         obj = {k: res[k] for k in keys if k in res}
         for k in ("kl_to_p", "kl_to_matched"):
             if k in obj:
@@ -195,6 +219,8 @@ def _print_analysis(res: dict) -> None:
         summary.add_row("realization", res["realization"])
         summary.add_row("sum(P) of the paper's reference", _fmt(res["reference_sum"]))
         summary.add_row(escape(f"TV(induced, {res['cos_we']})"), _fmt(res["tv_to_cos_we"]))
+    for verifier, value in res.get("expected_accepted", {}).items():
+        summary.add_row(f"E[accepted drafts], gamma {res['gamma']}, verifier {verifier}", _fmt(value))
     console.print(summary)
 
 
@@ -276,19 +302,25 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
 @click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
-@click.option("--drafter", type=click.Choice([d for d in DRAFTERS if d != "none"]), default="model",
+@click.option("--verifier", type=click.Choice(list(VERIFIERS)), default=DEFAULT_VERIFIER, show_default=True,
+              help="; ".join(f"{k}: {v}" for k, v in VERIFIERS.items()) + ".")
+@click.option("--drafter", type=click.Choice([AUTO] + [d for d in DRAFTERS if d != "none"]), default=AUTO,
               show_default=True,
-              help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values() if s.name != "none") + ".")
-@click.option("--target-backend", type=click.Choice(list(TARGET_BACKENDS)), default="hf", show_default=True,
-              help="; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
+              help=f"{AUTO}: {AUTO_DRAFTER['llamacpp']} on a llama.cpp target, else {AUTO_DRAFTER['hf']}; "
+                   + "; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values() if s.name != "none") + ".")
+@click.option("--target-backend", type=click.Choice([AUTO, *TARGET_BACKENDS]), default=AUTO, show_default=True,
+              help=f"{AUTO}: llamacpp when llama-cpp-python is installed (install.sh fast) and the device is the "
+                   "CPU, else hf; " + "; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--tree-depth", default=4, show_default=True, type=click.IntRange(min=1),
-              help="Tree depth when --gamma is not given.")
+              help="Tree depth (with --gamma auto: the deepest the schedule goes).")
 @click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
 @click.option("--tree-budget", default=None, type=click.IntRange(min=1),
               help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")
 @click.option("--gamma", default=None,
-              help="Draft length (tree: depth), or 'auto' (adaptive per round). Default: 5 (tree: --tree-depth).")
+              help="Draft length (tree: depth), or 'auto': chosen each round from measured costs and acceptance, 0 "
+                   "(plain decoding) when drafting does not pay. Default: auto; give a number to make a seeded "
+                   "sampled run reproducible.")
 @click.option("--temperature", default=DEFAULT_TEMPERATURE, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-p", default=None, type=float)
 @click.option("--top-k", default=None, type=int)
@@ -310,8 +342,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--json", "as_json", is_flag=True,
               help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
-             params: tuple[str, ...], drafter: str, target_backend: str, tree_depth: int, tree_top_k: int,
-             tree_budget: int | None, no_draft: bool, gamma: str | None, temperature: float,
+             params: tuple[str, ...], verifier: str, drafter: str, target_backend: str, tree_depth: int,
+             tree_top_k: int, tree_budget: int | None, no_draft: bool, gamma: str | None, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
              stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, device: str, stream: bool,
@@ -331,25 +363,27 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else DEFAULT_MAX_NEW_TOKENS
 
     try:
-        gamma_v: int | str | None = gamma if gamma in (None, "auto") else int(gamma)
+        gamma_v: int | str = SERVING_GAMMA if gamma is None else gamma if gamma == "auto" else int(gamma)
         if isinstance(gamma_v, int) and gamma_v < 0:
             raise ValueError(f"--gamma must be >= 0 or 'auto', got {gamma}")
+        target_backend, drafter = resolve_backends(target_backend, drafter, device)
         rule = rules.get(rule_name, **rules.parse_params(params))
         cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
                              repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
                              presence_penalty=presence_penalty)
         tree = ({"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget}
                 if DRAFTERS[drafter].proposes_trees else None)
-        engine = load_engine(target or models.DEFAULT_TARGET, draft or models.DEFAULT_DRAFT,
-                             "none" if no_draft else drafter, dtype, threads, tree=tree, device=device,
-                             target_backend=target_backend)
+        drafter = "none" if no_draft else drafter
+        uses_draft = DRAFTERS[drafter].uses_draft_model
+        engine = load_engine(target or models.DEFAULT_TARGET, (draft or models.DEFAULT_DRAFT) if uses_draft else None,
+                             drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend)
         request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
-                          stop=list(stop), seed=seed, chat=chat)
+                          stop=list(stop), seed=seed, chat=chat, verifier=verifier)
         result = _run_streaming(engine, request, echo=stream and not as_json)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(json.dumps({**result.to_dict(), "backends": engine.backends}))
         return
     if not stream:
         click.echo(result.text)
@@ -359,9 +393,15 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         f"\n[{why}] {m.new_tokens} tokens in {m.total_s:.2f} s ({m.tokens_per_s:.2f} tok/s); "
         f"rounds {m.rounds}, accepted {m.accepted}/{m.drafted} drafted, block efficiency {m.block_efficiency:.2f}, "
         f"tokens/round {m.tokens_per_round:.2f}; time draft {m.draft_s:.2f} s, target {m.target_s:.2f} s, "
-        f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s",
+        f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s; " + _describe(engine.backends),
         err=True,
     )
+
+
+def _describe(backends: dict) -> str:
+    """The backends that ran, in words."""
+    draft = f", draft on {backends['draft_backend']}" if backends.get("draft_backend") else ""
+    return f"target on {backends['target_backend']}, drafter {backends['drafter']}{draft}"
 
 
 def _run_streaming(engine: object, request: object, echo: bool) -> object:
@@ -407,8 +447,12 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--target", default=None, metavar="NAME|DIR", help="Target model (default: the 1.5B Qwen coder).")
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
-@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
-              help="; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values()) + ".")
+@click.option("--drafter", type=click.Choice([AUTO, *DRAFTERS]), default=AUTO, show_default=True,
+              help=f"{AUTO}: {AUTO_DRAFTER['llamacpp']} on a llama.cpp target, else {AUTO_DRAFTER['hf']}; "
+                   + "; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values()) + ".")
+@click.option("--target-backend", type=click.Choice([AUTO, *TARGET_BACKENDS]), default=AUTO, show_default=True,
+              help=f"{AUTO}: llamacpp when llama-cpp-python is installed, else hf; "
+                   + "; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the target's name).")
@@ -422,7 +466,7 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
               help="Largest max_tokens a request may ask for (400 beyond); also the chat default.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve(host: str, port: int, target: str | None, draft: str | None, drafter: str, dtype: str,
+def serve(host: str, port: int, target: str | None, draft: str | None, drafter: str, target_backend: str, dtype: str,
           threads: int | None, served_model_name: str | None, max_batch: int, max_concurrency: int,
           max_prompt_tokens: int | None, max_tokens_limit: int, log_level: str) -> None:
     """OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streamed or not), /v1/models,
@@ -440,12 +484,13 @@ def serve(host: str, port: int, target: str | None, draft: str | None, drafter: 
         raise _fail(f"the server needs fastapi, uvicorn and prometheus-client: {exc}") from None
     target = target or models.DEFAULT_TARGET
     try:
-        engine = load_engine(target, None if drafter in ("none", "ngram") else (draft or models.DEFAULT_DRAFT),
-                             drafter, dtype, threads)
+        target_backend, drafter = resolve_backends(target_backend, drafter)
+        engine = load_engine(target, (draft or models.DEFAULT_DRAFT) if DRAFTERS[drafter].uses_draft_model else None,
+                             drafter, dtype, threads, target_backend=target_backend)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     name = served_model_name or os.path.basename(os.path.normpath(os.fspath(target)))
-    click.echo(f"serving {name!r} on http://{host}:{port}/v1 (drafter {drafter})", err=True)
+    click.echo(f"serving {name!r} on http://{host}:{port}/v1 ({_describe(engine.backends)})", err=True)
     run_server(engine, host=host, port=port, log_level=log_level, model_name=name, max_batch=max_batch,
                max_concurrency=max_concurrency,
                limits=Limits(max_prompt_tokens=max_prompt_tokens, max_tokens_limit=max_tokens_limit))

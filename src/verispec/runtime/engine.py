@@ -26,9 +26,10 @@ import torch
 from verispec.backends.base import Backend, ScoreRequest
 from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig, apply_penalties, process
+from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
 from verispec.core.verify.tree import TokenTree, check_tree_rule, verify_tree
-from verispec.defaults import DEFAULT_MAX_NEW_TOKENS
+from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER, check_verifier
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
 from verispec.runtime.scheduler import Scheduler
 from verispec.runtime.text import find_stop
@@ -55,6 +56,14 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = {int(t) for t in eos_token_ids}
         self._next_key = 0
+
+    @property
+    def backends(self) -> dict[str, str | None]:
+        """What runs: the target's backend, the drafter, and the draft model's backend (None: no draft model)."""
+        draft = getattr(self.drafter, "backend", None)
+        return {"target_backend": getattr(self.target, "name", type(self.target).__name__),
+                "drafter": None if self.drafter is None else self.drafter.name,
+                "draft_backend": None if draft is None else getattr(draft, "name", type(draft).__name__)}
 
     @property
     def proposes_trees(self) -> bool:
@@ -95,6 +104,7 @@ class Engine:
             raise ValueError("stop must be a list of strings, not a string")
         if req.greedy_lossy not in ("reference", "onehot"):
             raise ValueError(f"greedy_lossy must be 'reference' or 'onehot', got {req.greedy_lossy!r}")
+        check_verifier(req.verifier, rule.lossless, self.proposes_trees)
         return rule, cfg, self._check_prompt(req.prompt, req.chat)
 
     def start(self, req: Request, prepared: tuple[Rule, SamplingConfig, list[int]] | None = None) -> Row:
@@ -206,7 +216,10 @@ class Engine:
             else:
                 p = process(logits, r.cfg, hist)
                 q = prop.q.unsqueeze(0) if prop.q is not None and not r.cfg.greedy else None
-                res = verify_block(r.rule, y_t, q, p.unsqueeze(0), r.generator)
+                if r.request.verifier == "block":
+                    res = verify_chain_block(y_t, q, p.unsqueeze(0), r.generator)
+                else:
+                    res = verify_block(r.rule, y_t, q, p.unsqueeze(0), r.generator)
             n = int(res.num_accepted[0])
             return list(range(n)), res.emitted(0), min(len(y), n + 1)
         tree = TokenTree(list(prop.tokens), list(prop.parents), prop.child_q() if not r.cfg.greedy else {})
@@ -248,6 +261,7 @@ class Engine:
         seed: int | Sequence[int] = 0,
         chat: bool | Sequence[bool] = False,
         greedy_lossy: str | Sequence[str] = "reference",
+        verifier: str | Sequence[str] = DEFAULT_VERIFIER,
         batch_size: int | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
@@ -255,7 +269,8 @@ class Engine:
         message without disturbing the others).
 
         A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
-        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`).
+        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``: "token"
+        or "block" (:mod:`verispec.core.verify.block`; lossless rules, chains).
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
@@ -271,6 +286,7 @@ class Engine:
             "seed": _per_row("seed", seed, n, (int,)),
             "chat": _per_row("chat", chat, n, (bool,)),
             "greedy_lossy": _per_row("greedy_lossy", greedy_lossy, n, (str,)),
+            "verifier": _per_row("verifier", verifier, n, (str,)),
         }
         requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
         if single:

@@ -12,7 +12,7 @@ import torch
 
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
-from verispec.defaults import DEFAULT_MAX_NEW_TOKENS
+from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER
 
 __all__ = ["GenerationResult", "Metrics", "Request", "Row"]
 
@@ -162,6 +162,8 @@ class Request:
     #: distribution built from the untempered p and q (deterministic; transformers' weighted-ensemble reading);
     #: "onehot" applies the rule to the one-hot tempered p and q (its law on point masses; random)
     greedy_lossy: str = "reference"
+    #: how a chain is verified: "token" or "block" (:data:`verispec.defaults.VERIFIERS`)
+    verifier: str = DEFAULT_VERIFIER
 
 
 class Row:

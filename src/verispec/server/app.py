@@ -303,7 +303,8 @@ def create_app(
                 if (err := _failure(handle)) is not None:
                     raise err
                 result = handle.result
-                block = verispec_block(settings.rule, settings.gamma, result)  # type: ignore[arg-type]
+                block = verispec_block(settings.rule, settings.gamma, result,  # type: ignore[arg-type]
+                                       engine.backends, settings.verifier)
                 return JSONResponse(reply.full(result.text, result.finish_reason, result, block))  # type: ignore[union-attr]
 
     async def _stream(gen: Generation, job: Job, reply: Reply, settings: Settings) -> AsyncIterator[str]:
@@ -329,7 +330,7 @@ def create_app(
                     yield sse("[DONE]")
                     return
                 result = handle.result
-                block = verispec_block(settings.rule, settings.gamma, result)
+                block = verispec_block(settings.rule, settings.gamma, result, engine.backends, settings.verifier)
                 last = reply.chunk(finish_reason=result.finish_reason)
                 if settings.include_usage:
                     yield sse(last)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from verispec.core import rules
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
-from verispec.defaults import DEFAULT_TEMPERATURE
+from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, SERVING_GAMMA, check_verifier
 from verispec.runtime.engine import Engine
 from verispec.runtime.types import Request
 
@@ -92,6 +92,8 @@ class Verification(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rule: StrictStr = "lossless"
     params: dict[str, Any] = Field(default_factory=dict)
+    #: "token" or "block" (:data:`verispec.defaults.VERIFIERS`)
+    verifier: StrictStr = DEFAULT_VERIFIER
 
 
 class Speculative(BaseModel):
@@ -203,6 +205,7 @@ class Settings:
     seed: int
     stream: bool
     include_usage: bool
+    verifier: str = DEFAULT_VERIFIER
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -212,7 +215,12 @@ class Settings:
             rule = rules.from_request({"rule": v.rule, "params": v.params})
         except rules.RequestError as exc:
             raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
+        try:
+            check_verifier(v.verifier, rule.lossless, trees=False)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="verification.verifier", code="invalid_value") from None
         gamma = (req.speculative or Speculative()).gamma
+        gamma = SERVING_GAMMA if gamma is None else gamma
         if isinstance(gamma, int) and not 0 <= gamma <= MAX_GAMMA:
             raise APIError(400, f"speculative.gamma must be in [0, {MAX_GAMMA}] or 'auto', got {gamma}",
                            param="speculative.gamma", code="invalid_value")
@@ -234,7 +242,7 @@ class Settings:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage)
+        return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier)
 
 
 def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -331,6 +339,6 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             default = limits.max_tokens_limit if chat else limits.default_completion_tokens
             max_tokens = min(default, room)
         return Request(ids, rule=settings.rule, sampling=settings.sampling, gamma=settings.gamma,
-                       max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed)
+                       max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier)
 
     return build

@@ -21,14 +21,17 @@ from verispec.runtime.types import GenerationResult
 __all__ = ["Reply", "sse", "verispec_block"]
 
 
-def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult) -> dict[str, Any]:
-    """The rule that ran and the request's speculative metrics."""
+def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult,
+                   backends: dict[str, str | None] | None = None, verifier: str = "token") -> dict[str, Any]:
+    """The rule that ran, the backends that ran it and the request's speculative metrics."""
     m = result.metrics
     return {
+        "backends": backends,
         "rule": rule.name,
         "rule_params": {k: v for k, v in rule.params.items()},
         "lossless": rule.lossless,
         "gamma": gamma,
+        "verifier": verifier,
         "metrics": {
             "block_efficiency": m.block_efficiency,
             "accepted_fraction": m.accepted_fraction,
