@@ -1,0 +1,159 @@
+"""Block verification against token-wise verification on the real pair: measured and predicted gains, side by side.
+
+For each prompt set (HumanEval, held-out chat prompts), temperature (0.7, 1.0) and seed, the same request runs with
+``verifier="token"`` and ``verifier="block"`` (same pair, same constant gamma, same seed: coupled), alternated.
+Measured: accepted drafts per round (block efficiency, the paper's: bonus excluded), tokens/s and verification
+time per round. Predicted, exactly, on the rounds' logged (p, q): for the drafts x_1 .. x_gamma each round actually
+proposed, the conditional expected number of accepted drafts under each verifier,
+
+    token: sum_i prod_{j <= i} min(1, p_j(x_j) / q_j(x_j))
+    block: sum_i i h_i prod_{j > i} (1 - h_j)          (h from verispec.core.verify.block)
+
+averaged over the rounds (an unbiased estimate of each verifier's expected accepted length, free of the accept
+tests' randomness). Both verifiers' predictions are computed on every round of both runs. Prints a table with 95%
+bootstrap CIs of the per-pair differences; writes JSON. Not a test: nothing is asserted.
+
+    python benchmarks/block_verification.py --prompts 3 --max-new-tokens 96 --out docs/results/block_verification.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+
+import torch
+
+import verispec.runtime.engine as engine_mod
+from verispec import SamplingConfig, load_engine
+from verispec.core.verify.block import block_acceptance, block_weights
+from verispec.core.verify.chain import as_float64, verify_block
+from verispec.eval.tasks import get_task
+
+CHAT_PROMPTS = [
+    "Explain in a short paragraph why the sky is blue.",
+    "Give me three tips for writing clear emails at work.",
+    "What is the difference between a list and a tuple in Python? Answer briefly.",
+    "Summarize the plot of Romeo and Juliet in four sentences.",
+]
+
+LOG: list[tuple[float, float]] = []  # (predicted token, predicted block) per round of the current run
+
+
+def predicted(y: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> tuple[float, float]:
+    """Exact conditional expected accepted drafts of one round given its drafts, under each verifier."""
+    p = as_float64(p)
+    q = torch.zeros_like(p[:, :-1]).scatter_(-1, y.unsqueeze(-1), 1.0) if q is None else as_float64(q)
+    at = y.unsqueeze(-1)
+    px, qx = p[:, :-1].gather(-1, at).squeeze(-1), q.gather(-1, at).squeeze(-1)
+    a = torch.where(qx > 0, torch.clamp(px / qx.clamp_min(1e-300), max=1.0), torch.zeros_like(px))[0]
+    token = float(a.cumprod(0).sum())
+    h = block_acceptance(block_weights(y, q, p), q, p)[0].tolist()
+    block = 0.0
+    for i in range(1, len(h) + 1):
+        pr = h[i - 1]
+        for hj in h[i:]:
+            pr *= 1 - hj
+        block += i * pr
+    return token, block
+
+
+def logged(fn):
+    def wrapper(*args, **kwargs):
+        y, q, p = (args[1], args[2], args[3]) if fn is verify_block else (args[0], args[1], args[2])
+        if y.shape[1]:
+            LOG.append(predicted(y.long(), q, p))
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def ci(xs: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean and 95% percentile-bootstrap CI."""
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(xs, k=len(xs))) for _ in range(reps))
+    return statistics.fmean(xs), means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
+
+
+def main() -> None:
+    torch.set_num_threads(ARGS.threads)
+    engine_mod.verify_block = logged(engine_mod.verify_block)
+    engine_mod.verify_chain_block = logged(engine_mod.verify_chain_block)
+    eng = load_engine(drafter="model", dtype=ARGS.dtype, threads=ARGS.threads)
+    tok = eng.tokenizer
+    sets = {
+        "code": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+                 for p in get_task("humaneval").load(limit=ARGS.prompts)],
+        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
+                                         tokenize=True) for c in CHAT_PROMPTS[: ARGS.prompts]],
+    }
+    eng.generate(sets["chat"][0][:16], max_new_tokens=4, gamma=ARGS.gamma)  # warm-up
+    report: dict = {"config": {k: v for k, v in vars(ARGS).items() if k != "out"}, "cells": {}}
+    for set_name, prompts in sets.items():
+        for temp in ARGS.temperatures:
+            key = f"{set_name} / T={temp}"
+            pairs = []
+            for i, ids in enumerate(prompts):
+                for seed in range(ARGS.seeds):
+                    pair = {}
+                    for verifier in ("token", "block"):
+                        LOG.clear()
+                        res = eng.generate(list(ids), sampling=SamplingConfig(temperature=temp), gamma=ARGS.gamma,
+                                           max_new_tokens=ARGS.max_new_tokens, seed=seed, verifier=verifier)
+                        m = res.metrics
+                        pair[verifier] = {
+                            "be": m.block_efficiency, "tokens_per_s": m.new_tokens / m.total_s,
+                            "verify_ms_per_round": 1000 * m.verify_s / m.rounds, "rounds": m.rounds,
+                            "pred_token": statistics.fmean(t for t, _ in LOG) if LOG else 0.0,
+                            "pred_block": statistics.fmean(b for _, b in LOG) if LOG else 0.0,
+                        }
+                        print(f"[{key}] prompt {i} seed {seed} {verifier:5s} BE {pair[verifier]['be']:.2f} "
+                              f"pred token {pair[verifier]['pred_token']:.3f} block {pair[verifier]['pred_block']:.3f}"
+                              f" {pair[verifier]['tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+                    pairs.append(pair)
+            report["cells"][key] = summarize(key, pairs)
+            if ARGS.out:
+                os.makedirs(os.path.dirname(ARGS.out) or ".", exist_ok=True)
+                with open(ARGS.out, "w") as f:
+                    json.dump(report, f, indent=1)
+
+
+def summarize(key: str, pairs: list[dict]) -> dict:
+    d_be = [p["block"]["be"] - p["token"]["be"] for p in pairs]
+    d_tps = [p["block"]["tokens_per_s"] / p["token"]["tokens_per_s"] - 1 for p in pairs]
+    # predicted gain on the same rounds: block's and token's exact expectations over every logged round
+    d_pred = [(p["token"]["pred_block"] + p["block"]["pred_block"]) / 2
+              - (p["token"]["pred_token"] + p["block"]["pred_token"]) / 2 for p in pairs]
+    out = {
+        "pairs": pairs,
+        "be_token": statistics.fmean(p["token"]["be"] for p in pairs),
+        "be_block": statistics.fmean(p["block"]["be"] for p in pairs),
+        "be_gain": ci(d_be), "tokens_per_s_gain": ci(d_tps), "predicted_be_gain": ci(d_pred),
+        "verify_ms_token": statistics.fmean(p["token"]["verify_ms_per_round"] for p in pairs),
+        "verify_ms_block": statistics.fmean(p["block"]["verify_ms_per_round"] for p in pairs),
+    }
+    f = "{:+.3f} [{:+.3f}, {:+.3f}]".format
+    print(f"\n## {key} ({len(pairs)} coupled pairs, gamma {ARGS.gamma}, {ARGS.max_new_tokens} new tokens)\n"
+          f"| BE token | BE block | measured BE gain (95% CI) | predicted BE gain (95% CI) | tok/s gain (95% CI) |"
+          f" verify ms/round token, block |\n|---|---|---|---|---|---|\n"
+          f"| {out['be_token']:.3f} | {out['be_block']:.3f} | {f(*out['be_gain'])} | {f(*out['predicted_be_gain'])} | "
+          f"{f(*out['tokens_per_s_gain'])} | {out['verify_ms_token']:.2f}, {out['verify_ms_block']:.2f} |",
+          flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default=None)
+    ARGS = ap.parse_args()
+    main()
