@@ -26,19 +26,13 @@ import statistics
 import sys
 
 import torch
+from speed import CHAT_PROMPTS  # noqa: E402  the held-out chat prompts (benchmarks/speed.py), never tuned on
 
 import verispec.runtime.engine as engine_mod
 from verispec import SamplingConfig, load_engine
 from verispec.core.verify.block import block_acceptance, block_weights
 from verispec.core.verify.chain import as_float64, verify_block
 from verispec.eval.tasks import get_task
-
-CHAT_PROMPTS = [
-    "Explain in a short paragraph why the sky is blue.",
-    "Give me three tips for writing clear emails at work.",
-    "What is the difference between a list and a tuple in Python? Answer briefly.",
-    "Summarize the plot of Romeo and Juliet in four sentences.",
-]
 
 LOG: list[tuple[float, float]] = []  # (predicted token, predicted block) per round of the current run
 

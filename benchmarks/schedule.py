@@ -36,20 +36,12 @@ from collections import Counter
 from collections.abc import Callable
 
 import torch
+from speed import CHAT_PROMPTS  # noqa: E402  the held-out chat prompts (benchmarks/speed.py), never tuned on
 
 from verispec import SamplingConfig, load_engine, models
 from verispec.drafters import NgramDrafter
 from verispec.eval.tasks import get_task
 from verispec.runtime.engine import Engine
-
-#: held-out chat prompts (general assistant requests); fixed, never tuned on
-CHAT_PROMPTS = [
-    "Explain in a short paragraph why the sky is blue.",
-    "Give me three tips for writing clear emails at work.",
-    "What is the difference between a list and a tuple in Python? Answer briefly.",
-    "Summarize the plot of Romeo and Juliet in four sentences.",
-    "How do I reverse a string in JavaScript? Show one example.",
-]
 
 
 def cpu_name() -> str:

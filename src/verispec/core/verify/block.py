@@ -31,7 +31,14 @@ from __future__ import annotations
 
 import torch
 
-from verispec.core.verify.chain import VerifyResult, _check_block, _one_hot, as_float64, sample_categorical
+from verispec.core.verify.chain import (
+    VerifyResult,
+    _check_block,
+    _one_hot,
+    as_float64,
+    emitted_tokens,
+    sample_categorical,
+)
 
 __all__ = ["block_acceptance", "block_residual", "block_weights", "verify_chain_block"]
 
@@ -105,9 +112,4 @@ def verify_chain_block(
         r = block_residual(w[rows, tau], p[rows, tau], q[rows, at])
         final = torch.where((tau < gamma).unsqueeze(-1), r, final)
     last = sample_categorical(final, generator)
-    tokens = torch.full((b, gamma + 1), -1, dtype=torch.long, device=p.device)
-    if gamma:
-        keep = torch.arange(gamma, device=p.device).unsqueeze(0) < tau.unsqueeze(-1)
-        tokens[:, :gamma] = torch.where(keep, draft_tokens, tokens[:, :gamma])
-    tokens[rows, tau] = last
-    return VerifyResult(num_accepted=tau, tokens=tokens, accept_prob=h)
+    return VerifyResult(num_accepted=tau, tokens=emitted_tokens(draft_tokens, tau, last), accept_prob=h)

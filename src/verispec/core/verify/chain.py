@@ -37,6 +37,7 @@ __all__ = [
     "VerifyResult",
     "as_float64",
     "check_distribution",
+    "emitted_tokens",
     "sum_tolerance",
     "sample_categorical",
     "verify_block",
@@ -220,12 +221,18 @@ def verify_block(
         final = torch.where(rejected, r, final)
     last = sample_categorical(final, generator)
 
-    tokens = torch.full((b, gamma + 1), -1, dtype=torch.long, device=p.device)
+    return VerifyResult(num_accepted=n, tokens=emitted_tokens(draft_tokens, n, last), accept_prob=h)
+
+
+def emitted_tokens(draft_tokens: torch.Tensor, n: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """[B, gamma + 1]: each row's first n drafts, then its correction or bonus ``last``, padded with -1."""
+    b, gamma = draft_tokens.shape
+    tokens = torch.full((b, gamma + 1), -1, dtype=torch.long, device=draft_tokens.device)
     if gamma:
-        keep = torch.arange(gamma, device=p.device).unsqueeze(0) < n.unsqueeze(-1)
+        keep = torch.arange(gamma, device=draft_tokens.device).unsqueeze(0) < n.unsqueeze(-1)
         tokens[:, :gamma] = torch.where(keep, draft_tokens, tokens[:, :gamma])
-    tokens[rows, n] = last
-    return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=h)
+    tokens[torch.arange(b, device=draft_tokens.device), n] = last
+    return tokens
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> VerifyResult:
