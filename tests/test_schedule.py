@@ -274,7 +274,7 @@ class _ConstantCost(AdaptiveGamma):
     def target_seconds(self, k: int) -> float:
         return sum(self.block_s.values()) / len(self.block_s)
 
-    def initial(self, alphas=None) -> int:
+    def initial(self, alphas=None, block_len=None) -> int:
         return self.gamma_max
 
 
@@ -399,3 +399,77 @@ def test_drafter_rounds_share_one_decision_and_skip_prefill_costs():
     assert d.schedule_summary(1)["batch_sizes"] == [3] and d.schedule_summary(3) is None
     d.remove_row(3)
     assert d.lengths(reqs[:2])[0] == d.lengths(reqs[:2])[1]
+
+
+# -- tree width: chosen with the depth, measured for every narrower width from one round ---------------------------
+def _width_drafter(top_k: int = 3):
+    from verispec.drafters.tree import TreeDrafter
+
+    d = TreeDrafter(HFBackend(tiny_qwen(1, vocab_size=64)), depth=4, top_k=top_k)
+    d.add_row(1, "auto")
+    return d
+
+
+def _brute_force(d, sched, alphas: dict[int, float]) -> tuple[int, int, float]:
+    """(depth, width, rate) maximising expected tokens per second over every shape the drafter can draft."""
+    shapes = [(g, w) for w in d.widths for g in range(sched.gamma_max + 1)]
+    rate = lambda g, w: expected_tokens(alphas[w], g) / sched.round_cost(g, lambda x: d.nodes(x, w) + 1)  # noqa: E731
+    g, w = max(shapes, key=lambda s: (rate(*s), -s[0], -s[1]))
+    return g, w, rate(g, w)
+
+
+@pytest.mark.parametrize("curve,alphas,width,depth", [
+    # CPU (block cost grows with tokens): a wider tree's small gain in acceptance does not pay for its nodes
+    (LLAMA, {1: 0.8, 2: 0.85, 3: 0.87}, 1, None),
+    # flat (GPU-like): nodes are free, so the widest, deepest tree
+    (GPU, {1: 0.5, 2: 0.7, 3: 0.8}, 3, 4),
+    # a block cost that grows slowly (5% a token) and a draft that is often second-best: width 2 pays, 3 does not
+    (lambda k: 0.02 * (1 + 0.05 * (k - 1)), {1: 0.3, 2: 0.9, 3: 0.91}, 2, None),
+])
+def test_tree_width_is_chosen_with_the_depth(curve, alphas, width, depth):
+    """On a simulated cost model, the tree drafter's (depth, width) decision is the argmax over every shape of
+    the expected tokens per second, with the per-width acceptances."""
+    d = _width_drafter()
+    sched = d.schedule(1)
+    sched.c_draft, sched.c_target = 0.001, curve(1)
+    sched.block_s = {k: curve(k) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
+    for w, a in alphas.items():
+        d._alpha_w[1][w].alpha = a
+    g = d.decide(sched, [1])
+    want = _brute_force(d, sched, alphas)
+    assert (g, d.last_width) == want[:2] and g >= 1 and d.last_width == width
+    assert depth is None or g == depth
+
+
+def test_tree_width_acceptance_is_measured_from_sibling_ranks():
+    """A width-2 tree whose accepted path takes the second child at depth 2: a chain (width 1) would have stopped
+    after one token, width 2 accepted both; a width-3 estimate is left alone (no such tree ran)."""
+    from verispec.drafters.base import Proposal
+
+    d = _width_drafter()
+    # root -> 0 (rank 0), 1 (rank 1); 0 -> 2 (rank 0), 3 (rank 1); 1 -> 4, 5
+    prop = Proposal([10, 11, 12, 13, 14, 15], [-1, -1, 0, 0, 1, 1], meta={"slots": {}, "width": 2})
+    d.commit(1, prop, [0, 3])
+    d.update(1, prop, 2, target_s=0.01)
+    est = d._alpha_w[1]
+    assert est[1].alpha == pytest.approx(0.9 * 0.7 + 0.1 * 0.5)  # kept 1 of the 2 depths reached
+    assert est[2].alpha == pytest.approx(0.9 * 0.7 + 0.1 * 1.0)  # kept both
+    assert est[3].alpha == 0.7 and est[3].updates == 0
+
+
+def test_tree_auto_width_keeps_greedy_exact():
+    """gamma='auto' on a static top-3 tree: whatever (depth, width) each round takes, greedy output is the
+    target's own; the report names the width and every width's acceptance."""
+    target = tiny_qwen(1, vocab_size=64, logit_scale=4)
+    draft = tiny_qwen(2, vocab_size=64, logit_scale=4)
+    from verispec.drafters.tree import TreeDrafter
+
+    plain = SpeculativeEngine(HFBackend(target), None)
+    spec = SpeculativeEngine(HFBackend(target), TreeDrafter(HFBackend(draft), depth=4, top_k=3))
+    greedy = SamplingConfig(temperature=0)
+    for prompt in ([1, 2, 3], [40, 2, 9, 13, 5]):
+        ref = plain.generate(prompt, sampling=greedy, gamma=0, max_new_tokens=24).token_ids
+        out = spec.generate(prompt, sampling=greedy, gamma="auto", max_new_tokens=24)
+        assert out.token_ids == ref
+        sched = out.metrics.schedule
+        assert sched["width"] in (1, 2, 3) and set(sched["alpha_by_width"]) == {1, 2, 3}

@@ -313,7 +313,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
                    "CPU, else hf; " + "; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--tree-depth", default=4, show_default=True, type=click.IntRange(min=1),
               help="Tree depth (with --gamma auto: the deepest the schedule goes).")
-@click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1), help="Children per node.")
+@click.option("--tree-top-k", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Children per node (static tree with --gamma auto: the widest the schedule goes).")
 @click.option("--tree-budget", default=None, type=click.IntRange(min=1),
               help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")

@@ -37,7 +37,9 @@ sum_r E[tokens](alpha_r, gamma), per second of the batch's round, whose costs th
 its rows, and each row's own acceptance). A token tree of depth gamma makes the target score more than gamma + 1
 tokens: ``block_len(gamma)`` says how many (the tree drafter's node count plus one), and the learned curve is then
 indexed by the tokens actually scored; alpha is the per-depth acceptance, so sum_i alpha^i still counts the
-expected accepted depth.
+expected accepted depth. A static tree's width is chosen with its depth: the caller (the tree drafter) asks for
+each width's best rate with that width's ``block_len`` (:meth:`AdaptiveGamma.rate`) and each width's acceptance,
+then lets :meth:`AdaptiveGamma.choose` decide the depth (or 0) at the fastest width.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from collections.abc import Callable, Sequence
 __all__ = ["AdaptiveGamma", "best_gamma", "break_even_alpha", "expected_tokens", "interpolate_costs", "speedup"]
 
 CostCurve = Callable[[int], float]
+#: tokens the target scores in a round of a given depth
+BlockLen = Callable[[int], int]
 #: draft length of the first rounds when no block-cost curve is known yet (see :meth:`AdaptiveGamma.initial`)
 FIRST_GAMMA = 2
 
@@ -134,7 +138,7 @@ class AdaptiveGamma:
 
     def __init__(self, gamma_max: int = 8, alpha: float = 0.7, decay: float = 0.1,
                  target_cost: CostCurve | None = None, probe_every: int = 16, probe_max: int = 256,
-                 block_len: Callable[[int], int] | None = None, overhead: float = 0.03) -> None:
+                 block_len: BlockLen | None = None, overhead: float = 0.03) -> None:
         if gamma_max < 0:
             raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
         if not 0 < decay <= 1:
@@ -148,7 +152,7 @@ class AdaptiveGamma:
         self.gamma_max, self.alpha, self.decay = gamma_max, alpha, decay
         self.target_cost = target_cost
         #: tokens the target scores in a round of depth gamma (chains: gamma + 1; trees: nodes + 1)
-        self.block_len: Callable[[int], int] = block_len or (lambda g: g + 1)
+        self.block_len: BlockLen = block_len or (lambda g: g + 1)
         self.c_draft: float | None = None  # seconds per drafted token
         self.c_target: float | None = None  # seconds per target forward (with a curve: per single step)
         self.block_s: dict[int, float] = {}  # no curve given: running seconds per block length k = gamma + 1
@@ -179,11 +183,12 @@ class AdaptiveGamma:
             return next(iter(self.block_s.values()))
         return max(interpolate_costs(self.block_s, k), 1e-12)
 
-    def round_cost(self, gamma: int) -> float:
-        """Estimated seconds of a round with ``gamma`` drafts (needs both costs measured)."""
+    def round_cost(self, gamma: int, block_len: BlockLen | None = None) -> float:
+        """Estimated seconds of a round with ``gamma`` drafts (needs both costs measured); ``block_len``: the
+        tokens such a round scores, if not this schedule's own (a tree of another width)."""
         if self.c_draft is None or self.c_target is None:
             raise ValueError("costs not measured yet")
-        return gamma * self.c_draft + self.target_seconds(self.block_len(gamma))
+        return gamma * self.c_draft + self.target_seconds((block_len or self.block_len)(gamma))
 
     def summary(self) -> dict[str, object]:
         """What the schedule believes now: acceptance, costs, the learned block costs, probes and anchors."""
@@ -192,19 +197,20 @@ class AdaptiveGamma:
                 "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned",
                 "probe_cost_s": self.probe_cost_s, "probe_budget_s": self.budget_s}
 
-    def best(self, alphas: Sequence[float] | None = None) -> int:
+    def best(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
         """The gamma maximising expected tokens per second under the current estimates (no probing); ``alphas``:
-        the acceptances of the rows one decision serves (default: this schedule's own)."""
+        the acceptances of the rows one decision serves (default: this schedule's own); ``block_len`` as in
+        :meth:`round_cost`."""
         if self.c_draft is None or self.c_target is None:
-            return self.initial(alphas)
+            return self.initial(alphas, block_len)
         best, best_rate = 0, 0.0
         for g in range(self.gamma_max + 1):
-            rate = self._rate(g, alphas)
+            rate = self.rate(g, alphas, block_len)
             if rate > best_rate * (1 + 1e-12):
                 best, best_rate = g, rate
         return best
 
-    def initial(self, alphas: Sequence[float] | None = None) -> int:
+    def initial(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
         """gamma before both costs are measured. With a block-cost curve: the best gamma for free drafts at the
         prior alpha (a draft that costs as much as the target makes any long first block a loss). Without one: a
         short first draft (:data:`FIRST_GAMMA`), since on a CPU a long block can cost several steps; the learned
@@ -212,17 +218,18 @@ class AdaptiveGamma:
         if self.target_cost is None:
             return min(self.gamma_max, FIRST_GAMMA)
         alpha = self.alpha if not alphas else sum(alphas) / len(alphas)
-        return best_gamma(alpha, self.gamma_max, lambda k: self.target_cost(self.block_len(k - 1)))  # type: ignore[misc]
+        length = block_len or self.block_len
+        return best_gamma(alpha, self.gamma_max, lambda k: self.target_cost(length(k - 1)))  # type: ignore[misc]
 
-    def choose(self, alphas: Sequence[float] | None = None) -> int:
+    def choose(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
         """This round's gamma: :meth:`best`, after the anchor round and with the rare probes that keep alpha
-        measured while the schedule sits at 0 (module docstring)."""
+        measured while the schedule sits at 0 (module docstring). ``block_len`` as in :meth:`round_cost`."""
         if self.c_draft is None or self.c_target is None:
-            return self.initial(alphas)
+            return self.initial(alphas, block_len)
         if self.target_cost is None and 1 not in self.block_s and not self.anchors:
             self.anchors += 1  # one plain round: the learned curve's anchor at k = 1
             return 0
-        g = self.best(alphas)
+        g = self.best(alphas, block_len)
         if g > 0:
             self._zeros, self._interval = 0, self.probe_every
             return g
@@ -233,11 +240,12 @@ class AdaptiveGamma:
             self._zeros, self._interval = 0, min(2 * self._interval, self.probe_max)
             self.probes += 1
             self._probing = True
-            return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self._rate(g, alphas)))
+            return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self.rate(g, alphas, block_len)))
         return 0
 
-    def _rate(self, g: int, alphas: Sequence[float] | None = None) -> float:
-        cost = self.round_cost(g)
+    def rate(self, g: int, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> float:
+        """Expected tokens per second of a round of depth ``g`` for the rows of ``alphas`` (needs the costs)."""
+        cost = self.round_cost(g, block_len)
         tokens = sum(expected_tokens(a, g) for a in (alphas or [self.alpha]))
         return tokens / cost if cost > 0 else float("inf")
 

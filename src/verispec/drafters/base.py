@@ -185,14 +185,18 @@ class BaseDrafter:
         """This round's depth for each row: its gamma, or for the auto rows one decision of the schedule of
         this batch size over their acceptances; capped by each row's ``max_len``."""
         rows = [self._gamma.get(r.key, self.default_gamma) for r in requests]
-        auto = [g.alpha for g in rows if isinstance(g, AdaptiveGamma)]
+        auto = [r.key for r, g in zip(requests, rows, strict=True) if isinstance(g, AdaptiveGamma)]
         sched = self.schedule(len(requests)) if auto else None
-        chosen = sched.choose(auto) if sched is not None else 0
+        chosen = self.decide(sched, auto) if sched is not None else 0
         out = [max(min(chosen if isinstance(g, AdaptiveGamma) else g, r.max_len), 0)
                for g, r in zip(rows, requests, strict=True)]
         prefill = any(r.key in self._fresh for r in requests)
         self._round = _Round(sched, {r.key for r in requests}, prefill) if sched is not None else None
         return out
+
+    def decide(self, schedule: AdaptiveGamma, keys: Sequence[int]) -> int:
+        """One depth for the auto rows ``keys`` of a round, by the schedule of its batch size."""
+        return schedule.choose([self._gamma[k].alpha for k in keys])  # type: ignore[union-attr]
 
     # -- rounds ----------------------------------------------------------------------------------------------
     def propose(self, requests: Sequence[DraftRequest]) -> list[Proposal]:

@@ -11,7 +11,13 @@ Dynamic tree (``budget=N``, EAGLE-2 style): at each depth only the ``width`` mos
 children; at the end the ``N`` most probable nodes overall are kept (ancestor-closed, since a path's
 probability never exceeds its prefix's). Token-only.
 
-The depth is the row's gamma (``depth`` here is its default), so ``gamma="auto"`` adapts the depth. At
+The depth is the row's gamma (``depth`` here is its default), so ``gamma="auto"`` adapts the depth; for a static
+tree it adapts the width too: each round's tree has ``w`` children per node for one w in 1..``top_k`` (w = 1 is a
+chain), chosen with the depth to maximise expected tokens per second (:meth:`TreeDrafter.decide`). The acceptance
+of every width up to the one that ran is measured from one round: a tree with w children per node would have
+accepted the same path down to the first accepted node whose rank among its siblings is w or more (the same
+coupling holds for sampled children, tried in draw order), so a wide round measures all narrower widths at
+once; a width wider than any run since keeps its last estimate. At
 temperature 0 candidates are ranked by the draft's temperature-1 distribution (under the same penalties and
 truncations): at temperature 0 q would be one-hot and only its argmax could be drafted. The draft cache keeps
 the KV of the nodes it forwarded until :meth:`TreeDrafter.commit` keeps the accepted ones.
@@ -28,6 +34,7 @@ import torch
 
 from verispec.backends.base import Backend, ScoreRequest
 from verispec.core.sampling import History, process
+from verispec.core.schedule import AdaptiveGamma, BlockLen
 from verispec.core.verify.chain import sample_categorical
 from verispec.core.verify.tree import tree_path
 from verispec.drafters.base import DraftRequest, Proposal
@@ -42,6 +49,7 @@ class _Tree:
 
     req: DraftRequest
     depth: int
+    width: int
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
@@ -73,14 +81,22 @@ class TreeDrafter(ModelDrafter):
         self._check(depth, top_k, budget, width, sample)
         self.default_gamma = depth
         self.depth, self.top_k, self.budget, self.width, self.sample = depth, top_k, budget, width, sample
+        #: children per node an auto round may choose (static trees; a dynamic tree keeps its configured shape)
+        self.widths = list(range(1, top_k + 1)) if budget is None else [top_k]
+        self._alpha_w: dict[int, dict[int, AdaptiveGamma]] = {}  # auto row -> width -> its acceptance
+        self._round_width: dict[int, int] = {}  # row -> children per node this round
+        self._path: dict[int, list[int]] = {}  # row -> accepted path of its last round
+        self.last_width: int | None = None
 
-    def nodes(self, depth: int) -> int:
-        """Most nodes a tree of this depth holds (static: sum of top_k^i; dynamic: ``width`` nodes expanded per
-        level, capped by ``budget``): the adaptive schedule's block size for that depth."""
+    def nodes(self, depth: int, width: int | None = None) -> int:
+        """Most nodes a tree of this depth holds (static: sum of w^i for w = ``width`` children per node, default
+        ``top_k``; dynamic: ``width`` nodes expanded per level, capped by ``budget``): the adaptive schedule's
+        block size for that depth."""
+        kids = self.top_k if width is None or self.budget is not None else width
         width = self.top_k if self.width is None or self.budget is None else self.width
         level, total = 1, 0
         for _ in range(depth):
-            level *= self.top_k
+            level *= kids
             total += level
             if self.budget is not None:
                 level = min(level, width)
@@ -121,6 +137,77 @@ class TreeDrafter(ModelDrafter):
             cur[x] = 0.0
         return out
 
+    # -- rows and the width decision -------------------------------------------------------------------------
+    def add_row(self, key: int, gamma: int | str | None = None) -> None:
+        super().add_row(key, gamma)
+        if isinstance(self._gamma[key], AdaptiveGamma) and len(self.widths) > 1:
+            self._alpha_w[key] = {w: AdaptiveGamma(self.gamma_max) for w in self.widths}
+
+    def remove_row(self, key: int) -> None:
+        super().remove_row(key)
+        self._alpha_w.pop(key, None)
+        self._round_width.pop(key, None)
+        self._path.pop(key, None)
+
+    def _block_len(self, width: int) -> BlockLen:
+        return lambda g: self.nodes(g, width) + 1
+
+    def decide(self, schedule: AdaptiveGamma, keys: Sequence[int]) -> int:
+        """Depth and width of the auto rows' trees: for each width w, the rows' acceptances at w and a block of
+        ``nodes(g, w) + 1`` tokens; the width whose best depth >= 1 is fastest, then the schedule's decision
+        (possibly 0) at that width. Before the costs are measured: the widest tree (it measures every width)."""
+        rows = [self._alpha_w[k] for k in keys if k in self._alpha_w]
+        if len(rows) != len(keys):
+            self._round_width = {}
+            return super().decide(schedule, keys)
+        width = self.widths[-1]
+        if schedule.c_draft is not None and schedule.c_target is not None:
+            best = -1.0
+            for w in self.widths:
+                alphas = [r[w].alpha for r in rows]
+                rate = max(schedule.rate(g, alphas, self._block_len(w)) for g in range(1, schedule.gamma_max + 1)) \
+                    if schedule.gamma_max > 0 else 0.0
+                if rate > best * (1 + 1e-12):
+                    width, best = w, rate
+        self._round_width = dict.fromkeys(keys, width)
+        self.last_width = width
+        return schedule.choose([r[width].alpha for r in rows], self._block_len(width))
+
+    def commit(self, key: int, proposal: Proposal, path: Sequence[int]) -> None:
+        """Keep the draft KV of the accepted nodes it computed (a root-down prefix of ``path``); drop the rest."""
+        if key in self._alpha_w:
+            self._path[key] = list(path)
+        slots = proposal.meta.get("slots", {})
+        kept = []
+        for n in path:
+            if n not in slots:
+                break
+            kept.append(slots[n])
+        self.backend.commit(self._brow[key], kept)
+
+    def update(self, key: int, proposal: Proposal, accepted: int, target_s: float) -> None:
+        """As every drafter, plus the acceptance of each width up to the one that ran (module docstring)."""
+        super().update(key, proposal, accepted, target_s)
+        path, alphas = self._path.pop(key, None), self._alpha_w.get(key)
+        if path is None or alphas is None or not len(proposal):
+            return
+        ran = proposal.meta.get("width", self.top_k)
+        rank, seen = [], {}  # a node's rank among its siblings (children are appended best / first drawn first)
+        for par in proposal.parents:  # type: ignore[union-attr]
+            rank.append(seen.get(par, 0))
+            seen[par] = rank[-1] + 1
+        for w, est in alphas.items():
+            if w <= ran:
+                kept = next((i for i, n in enumerate(path) if rank[n] >= w), len(path))
+                est.observe_acceptance(proposal.depth, kept)
+
+    def schedule_summary(self, key: int) -> dict | None:
+        out = super().schedule_summary(key)
+        if out is not None and key in self._alpha_w:
+            out["width"] = self.last_width
+            out["alpha_by_width"] = {w: a.alpha for w, a in self._alpha_w[key].items()}
+        return out
+
     def _expand(self, t: _Tree) -> list[int]:
         """Children of every node of the current level; returns the new nodes."""
         req, new = t.req, []
@@ -130,7 +217,7 @@ class TreeDrafter(ModelDrafter):
             if req.history is not None and req.cfg.uses_history:
                 hist = req.history.extended([t.tokens[n] for n in t.path(node)])
             q = self._dist(logits, req, hist)
-            kids = self._draw(q, self.top_k, req.generator) if sample else self._top(q, self.top_k)
+            kids = self._draw(q, t.width, req.generator) if sample else self._top(q, t.width)
             base_lp = t.logp[node] if node >= 0 else 0.0
             for x in kids:
                 t.tokens.append(x)
@@ -142,7 +229,9 @@ class TreeDrafter(ModelDrafter):
 
     def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         start, calls0 = time.perf_counter(), self.backend.forward_calls
-        trees = [_Tree(req, d) for req, d in zip(requests, lengths, strict=True)]
+        widths = self._round_width
+        self._round_width = {}
+        trees = [_Tree(req, d, widths.get(req.key, self.top_k)) for req, d in zip(requests, lengths, strict=True)]
         roots = [t for t in trees if t.depth > 0]
         if roots:
             logits = self.backend.score([ScoreRequest(self._brow[t.req.key], t.req.ids) for t in roots])
@@ -187,14 +276,4 @@ class TreeDrafter(ModelDrafter):
             qs = [qs[n] for n in keep]
             slot = {remap[n]: s for n, s in slot.items() if n in remap}
         q = torch.stack(qs) if qs and all(x is not None for x in qs) else None  # type: ignore[misc]
-        return Proposal(tokens, parents, q, seconds, calls, meta={"slots": slot})
-
-    def commit(self, key: int, proposal: Proposal, path: Sequence[int]) -> None:
-        """Keep the draft KV of the accepted nodes it computed (a root-down prefix of ``path``); drop the rest."""
-        slots = proposal.meta.get("slots", {})
-        kept = []
-        for n in path:
-            if n not in slots:
-                break
-            kept.append(slots[n])
-        self.backend.commit(self._brow[key], kept)
+        return Proposal(tokens, parents, q, seconds, calls, meta={"slots": slot, "width": t.width})
