@@ -14,9 +14,11 @@ target weights and the same threads:
   ``llamacpp-alone``, llama-cpp-python's own greedy/temperature loop on the same GGUF (not verispec: the anchor
   of "as fast as llama.cpp itself").
 
-Every backend cache is reset before each run, so no contender reuses a prefill another one paid for. Prints
-tokens/s (median over prompts), the ratio to target-only (median of the per-prompt ratios, which cancels the
-prompts' lengths), acceptance, and the gammas the schedule chose; writes JSON. Not a test: nothing is asserted.
+With ``--repeats R`` every prompt runs R times per contender, the contenders' order rotated each time (a
+contender's ratio is then the median over prompts x repeats). Every backend cache is reset before each run, so
+no contender reuses a prefill another one paid for. Prints tokens/s (median over runs), the ratio to target-only
+(median of the per-run ratios, which cancels the prompts' lengths), acceptance, and the gammas the schedule chose;
+writes JSON. Not a test: nothing is asserted.
 
     python benchmarks/schedule.py --prompts 3 --max-new-tokens 128 --threads 2 --out docs/results/schedule.json
     python benchmarks/schedule.py --render docs/results/schedule.json > docs/results/schedule_tables.md
@@ -137,7 +139,11 @@ def main() -> None:
     modes = {"T=0": SamplingConfig(temperature=0), "T=0.7": SamplingConfig(temperature=0.7)}
     if ARGS.out and ARGS.only and os.path.exists(ARGS.out):  # rerun some cells, keep the others
         with open(ARGS.out) as f:
-            report["results"] = json.load(f)["results"]
+            old = json.load(f)
+        report["results"] = old["results"]
+        report["cells"] = old.get("cells", {})
+        report["earlier_runs"] = old.get("earlier_runs", []) + [{k: old.get(k) for k in ("config", "cpu",
+                                                                                         "loadavg_start")}]
     for backend, cons in backends(th).items():
         cells = [(s, m) for s in sets for m in modes if not ARGS.only or f"{backend} / {s} / {m}" in ARGS.only]
         if not cells:
@@ -148,14 +154,20 @@ def main() -> None:
             prompts, cfg = sets[set_name], modes[mode]
             key = f"{backend} / {set_name} / {mode}"
             runs: dict[str, list[dict]] = {name: [] for name in cons}
-            for i, ids in enumerate(prompts):
-                for name, fn in cons.items():  # alternated on the same prompt
-                    r = fn(list(ids), cfg, i)
-                    runs[name].append(r)
-                    print(f"[{key}] prompt {i} {name:14s} {r['tokens'] / r['seconds']:6.2f} tok/s "
-                          f"({r['tokens']} tokens, {r['seconds']:.1f} s) gammas {r['gammas']}",
-                          file=sys.stderr, flush=True)
+            names = list(cons)
+            for rep in range(ARGS.repeats):
+                order = names[rep % len(names):] + names[: rep % len(names)]  # who goes first rotates
+                for i, ids in enumerate(prompts):
+                    for name in order:  # alternated on the same prompt
+                        r = cons[name](list(ids), cfg, i)
+                        runs[name].append(r)
+                        print(f"[{key}] repeat {rep} prompt {i} {name:14s} {r['tokens'] / r['seconds']:6.2f} tok/s "
+                              f"({r['tokens']} tokens, {r['seconds']:.1f} s) gammas {r['gammas']}",
+                              file=sys.stderr, flush=True)
             report["results"][key] = table(key, runs, cfg)
+            report.setdefault("cells", {})[key] = {"prompts": ARGS.prompts, "repeats": ARGS.repeats,
+                                                   "max_new_tokens": ARGS.max_new_tokens, "threads": th,
+                                                   "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
             if ARGS.out:
                 write(report)
     report["loadavg_end"] = os.getloadavg()
@@ -169,7 +181,9 @@ def render(report: dict) -> str:
     out = [f"CPU: {report['cpu']}; {cfg['threads']} threads; {cfg['prompts']} prompts per set, "
            f"{cfg['max_new_tokens']} new tokens.", ""]
     for key, rows in report["results"].items():
-        out += [f"### {key}", "",
+        c = report.get("cells", {}).get(key)
+        run = f" ({c['prompts']} prompts x {c['repeats']} repeats, finished {c['finished']})" if c else ""
+        out += [f"### {key}{run}", "",
                 "| contender | tok/s (median) | vs target-only (median, min) | acceptance | rounds per gamma | "
                 "greedy = target-only |", "|---|---|---|---|---|---|"]
         for name, r in rows.items():
@@ -208,7 +222,8 @@ def table(key: str, runs: dict[str, list[dict]], cfg: SamplingConfig) -> dict:
             "greedy_same_as_target_only": ([r["ids"] == a["ids"] for r, a in zip(rs, anchor, strict=True)]
                                            if cfg.greedy else None),
         }
-    print(f"\n## {key} ({len(anchor)} prompts, {ARGS.max_new_tokens} new tokens, {ARGS.threads} threads)")
+    print(f"\n## {key} ({len(anchor)} runs: {ARGS.prompts} prompts x {ARGS.repeats} repeats, {ARGS.max_new_tokens} "
+          f"new tokens, {ARGS.threads} threads)")
     print("| contender | tok/s (median) | vs target-only (median, min) | acceptance | rounds per gamma | greedy = |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
@@ -225,6 +240,9 @@ if __name__ == "__main__":
     ap.add_argument("--prompts", type=int, default=3, help="prompts per set (chat, code)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every prompt per contender, the contenders' order rotated each time; the ratios "
+                         "pair each run with target-only's run of the same prompt and repeat")
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every cell)")
     ap.add_argument("--only", nargs="+", default=None, metavar="CELL",
                     help='rerun only these cells ("<backend> / <set> / <mode>"), keeping the others in --out')

@@ -473,3 +473,35 @@ def test_tree_auto_width_keeps_greedy_exact():
         assert out.token_ids == ref
         sched = out.metrics.schedule
         assert sched["width"] in (1, 2, 3) and set(sched["alpha_by_width"]) == {1, 2, 3}
+
+
+def test_hybrid_prices_lookups_and_model_drafts_apart():
+    """Prompt lookup, else a draft model, under gamma='auto': on a simulated cost model where model drafts cost
+    far more than they gain (costly, never accepted) and look-ups are free and always accepted, rounds whose
+    history has a match keep drafting and the others fall back to 0 drafts; one shared cost model would have
+    priced the free look-ups like model drafts."""
+    from verispec.core.rules import get
+    from verispec.drafters import HybridDrafter
+    from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
+
+    class SlowModel(BaseDrafter):
+        def draft(self, requests, lengths):
+            return [Proposal([1] * g, seconds=0.2 * g) for g in lengths]
+
+    d = HybridDrafter(SlowModel(gamma_max=8), min_ngram=1)
+    d.add_row(1, "auto")
+    cfg, rule = SamplingConfig(temperature=0.0), get("lossless")
+    match = DraftRequest(1, [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5], 64, cfg, rule)  # "5" occurred: look up "6 7 8 9"
+    fresh = DraftRequest(1, list(range(10, 21)), 64, cfg, rule)  # no earlier occurrence of the last token
+    chosen: dict[str, list[int]] = {"lookup": [], "model": []}
+    for rnd in range(200):
+        req = match if rnd % 2 else fresh
+        (prop,) = d.propose([req])
+        kind = prop.meta.get("kind", "model")
+        chosen[kind].append(len(prop))
+        accepted = len(prop) if kind == "lookup" else 0
+        d.update(1, prop, accepted, target_s=LLAMA(len(prop) + 1))
+    assert chosen["lookup"][-20:].count(0) == 0 and min(chosen["lookup"][-20:]) >= 2
+    assert chosen["model"][-50:].count(0) >= 48
+    summary = d.schedule_summary(1)
+    assert summary["lookup"]["alpha"] > 0.9 and summary["alpha"] < 0.7 and summary["best"] == 0  # model: probed, lost

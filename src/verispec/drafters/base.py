@@ -164,10 +164,16 @@ class BaseDrafter:
 
     def schedule(self, rows: int) -> AdaptiveGamma:
         """The shared schedule of rounds with ``rows`` rows (created on first use)."""
-        if (s := self._costs.get(rows)) is None:
-            s = self._costs[rows] = AdaptiveGamma(self.gamma_max, target_cost=self.target_cost,
+        costs = self._cost_models()
+        if (s := costs.get(rows)) is None:
+            s = costs[rows] = AdaptiveGamma(self.gamma_max, target_cost=self.target_cost,
                                                   block_len=lambda g: self.nodes(g) + 1)
         return s
+
+    def _cost_models(self) -> dict[int, AdaptiveGamma]:
+        """The cost models (one per batch size) this round is priced with; a drafter with several kinds of
+        draft keeps one set per kind."""
+        return self._costs
 
     def schedule_summary(self, key: int) -> dict | None:
         """What a row's adaptive schedule believes (``gamma="auto"``): its acceptance, and the costs, probes and
