@@ -165,6 +165,49 @@ def test_hybrid_drafter_sampled_law_is_the_target_law():
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 
+def test_logit_bias_sampled_law_is_the_biased_target_law():
+    """logit_bias is applied to p and q alike, so lossless speculative sampling draws the biased target's
+    sequence law. Chi-square, N = 4000 continuations, alpha = 1e-4, hard failure on a zero-probability
+    continuation; a -100 bias leaves token 4 about 1e-44 of the mass, so a single sampled 4 lands in a bin with
+    expected count ~0 and fails the test. The biased law is checked to differ from the unbiased one."""
+    cfg = SamplingConfig(temperature=1.0, logit_bias={1: 1.5, 4: -100.0})
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    p_fn, _ = _dist_fns(target, draft, cfg)
+    prompt = (1, 3, 2)
+    exact = sequence_distribution("lossless", p_fn, None, 0, 3, prompt)
+    plain_p, _ = _dist_fns(target, draft, SamplingConfig(temperature=1.0))
+    plain = sequence_distribution("lossless", plain_p, None, 0, 3, prompt)
+    assert 0.5 * sum(abs(exact.get(k, 0) - plain.get(k, 0)) for k in set(exact) | set(plain)) > 0.1
+    assert sum(v for k, v in exact.items() if 4 in k) < 1e-40
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    pvalue = _chi2_sequences(eng, get("lossless"), cfg, exact, list(prompt), 3, 3)
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
+def test_logit_bias_greedy_equals_biased_target_greedy(pair):
+    """Greedy with a bias: draft and target argmax over the same biased logits, so the output is the biased
+    target's own greedy continuation (float32, exact); +100 on one token forces it everywhere."""
+    target, draft = pair
+    eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    bias = {5: 3.0, 9: 2.0, 17: -100.0}
+    greedy = SamplingConfig(temperature=0, logit_bias=bias)
+    prompt = [3, 1, 4, 1, 5]
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(16):
+            logits = target(torch.tensor([seq])).logits[0, -1]
+            logits[list(bias)] += torch.tensor(list(bias.values()))
+            seq.append(int(logits.argmax()))
+    out = eng.generate(prompt, sampling=greedy, gamma=4, max_new_tokens=16)
+    assert out.token_ids == seq[len(prompt):] != reference_greedy(target, prompt, 16)
+    forced = eng.generate(prompt, sampling=SamplingConfig(temperature=0, logit_bias={7: 100.0}), gamma=4,
+                          max_new_tokens=8)
+    assert forced.token_ids == [7] * 8
+    with pytest.raises(ValueError, match="logit_bias: token 64 is outside the vocabulary"):
+        eng.generate(prompt, sampling=SamplingConfig(logit_bias={64: 1.0}), max_new_tokens=2)
+
+
 def test_lossy_composition_differs_from_target():
     """The lossy law the previous test checks is really different from the target's (not a vacuous pass)."""
     cfg = SamplingConfig(temperature=1.0)

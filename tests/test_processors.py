@@ -378,3 +378,40 @@ def test_history_penalties_follow_openai_and_hf():
     assert rows.all[:, 0].tolist() == [2, 2, 2]
     ext = h.extended([3])
     assert ext.generated[3] == 1 and h.generated[3] == 0  # a copy
+
+
+# -- logit_bias: added first, identical for target and draft ---------------------------------------------------
+def test_logit_bias_is_added_before_penalties_and_temperature():
+    logits = torch.tensor([1.0, 2.0, -1.0, 0.5])
+    cfg = SamplingConfig(temperature=2.0, logit_bias={2: 3.0, 0: -1.0}, repetition_penalty=2.0)
+    counts = torch.tensor([0, 0, 1, 0])
+    biased = torch.tensor([0.0, 2.0, 2.0, 0.5])  # bias first: token 2 goes from -1 to 2 ...
+    biased[2] = 2.0 / 2.0  # ... then the repetition penalty divides its (now positive) logit
+    want = torch.softmax(biased.double() / 2.0, -1)
+    assert torch.allclose(process(logits, cfg, counts), want)
+    assert cfg.logit_bias == ((0, -1.0), (2, 3.0)) and cfg.adjusts_logits  # a dict is stored sorted
+    # greedy follows the biased argmax
+    assert int(process(logits, SamplingConfig(temperature=0, logit_bias={3: 5.0})).argmax()) == 3
+    assert not SamplingConfig(temperature=0).adjusts_logits
+
+
+@pytest.mark.parametrize("bias, message", [
+    ({1: 101.0}, "must be a number in"),
+    ({1: float("nan")}, "must be a number in"),
+    ({-1: 1.0}, "integers >= 0"),
+    ({"3": 1.0}, "integers >= 0"),
+    (((1, 1.0), (1, 2.0)), "given twice"),
+])
+def test_logit_bias_bad_values_are_named(bias, message):
+    with pytest.raises(ValueError, match=f"logit_bias.*{message}"):
+        SamplingConfig(logit_bias=bias)
+
+
+def test_logit_bias_outside_the_vocabulary_is_named():
+    cfg = SamplingConfig(logit_bias={70: 1.0})
+    with pytest.raises(ValueError, match=r"logit_bias: token 70 is outside the vocabulary \[0, 64\)"):
+        cfg.check_vocab(64)
+    with pytest.raises(ValueError, match="token 70 is outside"):
+        process(torch.zeros(64), cfg)
+    SamplingConfig(logit_bias={}).check_vocab(1)  # empty: no bias
+    assert SamplingConfig(logit_bias={}).logit_bias is None

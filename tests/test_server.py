@@ -193,6 +193,89 @@ def test_stop_string_is_never_streamed_past(server, reference):
 # ------------------------------------------------------------------------------------------- rules per request
 
 
+def test_logit_bias_reaches_target_and_draft(server, reference):
+    """logit_bias through the official client: the completion is the engine's own run with the same bias (greedy
+    and sampled), and +100 on one token forces it."""
+    c = client(server)
+    bias = {"40": 4.0, "12": -100}
+    for temperature, seed in ((0.0, 1), (1.0, 5)):
+        r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=16, temperature=temperature,
+                                 seed=seed, logit_bias=bias, extra_body={"speculative": {"gamma": 3}})
+        ref = reference.generate("hello world", max_new_tokens=16, seed=seed, gamma=3, sampling=SamplingConfig(
+            temperature=temperature, logit_bias={40: 4.0, 12: -100.0}))
+        plain = reference.generate("hello world", max_new_tokens=16, seed=seed, gamma=3,
+                                   sampling=SamplingConfig(temperature=temperature))
+        assert r.choices[0].text == ref.text != plain.text and 12 not in ref.token_ids
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=6, temperature=0, logit_bias={"40": 100})
+    assert r.choices[0].text == reference.decode([40] * 6)
+
+
+def test_logprobs_non_streamed_and_streamed_equal_the_engine(server, reference):
+    """logprobs through the official client: completions (3 alternatives) and chat (top 2), streamed and not, give
+    the engine's own logprob entries for the same request (T = 1, seed, gamma 3): every token, in order, its text
+    and the alternatives; a stream carries them chunk by chunk and they add up to the non-streamed ones."""
+    c = client(server)
+    cfg, spec = SamplingConfig(temperature=1.0), {"speculative": {"gamma": 3}}
+    ref = reference.generate("hello world", sampling=cfg, max_new_tokens=16, seed=7, gamma=3, logprobs=3)
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=16, temperature=1.0, seed=7, logprobs=3,
+                             extra_body=spec)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == ref.text and "".join(lp.tokens) == ref.text
+    assert lp.token_logprobs == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-9)
+    want = [v for e in ref.logprobs for _, v in e.top]
+    assert [v for d in lp.top_logprobs for v in d.values()] == pytest.approx(want)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    streamed = c.completions.create(model=MODEL, prompt="hello world", max_tokens=16, temperature=1.0, seed=7,
+                                    logprobs=3, extra_body=spec, stream=True)
+    chunks = [ch.choices[0].logprobs for ch in streamed if ch.choices and ch.choices[0].logprobs is not None]
+    assert len(chunks) > 1 and sum((ch.token_logprobs for ch in chunks), []) == lp.token_logprobs
+    assert sum((ch.text_offset for ch in chunks), []) == lp.text_offset
+
+    msgs = [{"role": "user", "content": "hi there"}]
+    ref = reference.generate("hi there", chat=True, sampling=cfg, max_new_tokens=16, seed=8, gamma=3, logprobs=2)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=1.0, seed=8, logprobs=True,
+                                  top_logprobs=2, extra_body=spec)
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content == ref.text
+    assert [t.logprob for t in content] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-9)
+    assert all(len(t.top_logprobs) == 2 and t.bytes == list(t.token.encode()) for t in content)
+    streamed = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=1.0, seed=8,
+                                         logprobs=True, top_logprobs=2, extra_body=spec, stream=True)
+    parts = [t for ch in streamed if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in parts] == [(t.token, t.logprob) for t in content]
+    plain = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_echo_with_logprobs_scores_the_prompt(server, reference):
+    """The log-likelihood request of evaluation harnesses (echo, logprobs 1, max_tokens 1, temperature 0): the text
+    is the prompt then the answer; the prompt's tokens come first in the logprobs, the first one null, each the
+    target's own log-softmax after the tokens before it (one full forward of the reference model); streamed, the
+    first chunk carries the prompt."""
+    import torch
+
+    c = client(server)
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=1, temperature=0, logprobs=1, echo=True)
+    ids = reference.encode("hello world")
+    ref = reference.generate("hello world", sampling=GREEDY, max_new_tokens=1)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == "hello world" + ref.text
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    with torch.no_grad():
+        want = torch.log_softmax(reference.target.model(torch.tensor([ids])).logits[0].double(), -1)
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx([float(want[j - 1, ids[j]]) for j in range(1, len(ids))],
+                                                          abs=1e-4)
+    assert all(len(d) == 1 for d in lp.top_logprobs[1:])
+    plain = c.completions.create(model=MODEL, prompt="hello world", max_tokens=3, temperature=0, echo=True)
+    assert plain.choices[0].text.startswith("hello world") and plain.choices[0].logprobs is None
+    streamed = list(c.completions.create(model=MODEL, prompt="hello world", max_tokens=3, temperature=0, echo=True,
+                                         logprobs=0, stream=True))
+    assert streamed[0].choices[0].text.startswith("hello world")
+    tokens = [t for ch in streamed if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
+    assert "".join(tokens) == "".join(ch.choices[0].text for ch in streamed if ch.choices)
+
+
 def test_per_request_rule_reaches_the_verifier(server, reference):
     """The rule sent in extra_body is the one that ran: the response names it, and its counters equal the engine's
     own run with that rule, which differ from lossless (greedy: CoS-WE accepts drafts lossless refuses; T = 1:
@@ -324,12 +407,23 @@ BAD = [
      "speculative.gama"),
     ("/v1/completions", {**COMP, "n": 2}, 400, "n must be 1", "n"),
     ("/v1/completions", {**COMP, "best_of": 3}, 400, "best_of is not supported", "best_of"),
-    ("/v1/completions", {**COMP, "logprobs": 2}, 400, "logprobs is not supported", "logprobs"),
-    ("/v1/completions", {**COMP, "echo": True}, 400, "echo is not supported", "echo"),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True}, 400, "logprobs is not supported", "logprobs"),
+    ("/v1/completions", {**COMP, "logprobs": 21}, 400, "less than or equal to 20", "logprobs"),
+    ("/v1/completions", {**COMP, "logprobs": True}, 400, "logprobs", "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs needs logprobs: true", "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "less than or equal to 20",
+     "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "verification": {"logprobs_mode": "raw"}}, 400,
+     "verification.logprobs_mode", "verification.logprobs_mode"),
+    ("/v1/chat/completions", {**CHAT, "echo": True}, 400, "echo is not supported", "echo"),
+    ("/v1/completions", {**COMP, "echo": "yes"}, 400, "echo", "echo"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
      "tools is not supported", "tools"),
-    ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 100}}, 400, "logit_bias is not supported", "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"five": 1}}, 400, "keys must be token ids", "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 101}}, 400, "must be a number in [-100, 100]",
+     "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"-2": 1}}, 400, "integers >= 0", "logit_bias"),
+    ("/v1/completions", {**COMP, "logit_bias": {"64": 1}}, 400, "token 64 is outside the vocabulary [0, 64)",
+     "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400,
      "response_format is not supported", "response_format"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": 1}, 400, "unknown field 'frobnicate'", "frobnicate"),

@@ -258,6 +258,9 @@ def generate(
     repetition_penalty: float = 1.0,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
+    logit_bias: dict[int, float] | None = None,
+    logprobs: int | None = None,
+    logprobs_mode: str = "emitted",
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     stop: Sequence[str] = (),
     seed: int = 0,
@@ -271,7 +274,10 @@ def generate(
     on transformers (:func:`~verispec.defaults.resolve_backends`). ``gamma``: the draft length (tree: depth),
     "auto", or None for :data:`~verispec.defaults.SERVING_GAMMA` (the adaptive schedule: drafts only while it pays
     here; pass a constant for a seed-reproducible sampled run). ``verifier``: "token" or "block" (block
-    verification, lossless rules: :mod:`verispec.core.verify.block`).
+    verification, lossless rules: :mod:`verispec.core.verify.block`). ``logit_bias``: token id -> a bias in
+    [-100, 100] added to that token's logit, for the target and the draft alike. ``logprobs``: each generated
+    token's log-probability and that many alternatives in ``result.logprobs``, under ``logprobs_mode`` ("emitted":
+    the law it was emitted from, the rule's exact induced law under a lossy rule; "target": the target's p).
 
     Returns text, token ids, finish_reason ("stop" or "length") and metrics (BE, tokens/round, timings).
     """
@@ -284,6 +290,7 @@ def generate(
         repetition_penalty=repetition_penalty,
         frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty,
+        logit_bias=logit_bias,  # type: ignore[arg-type]
     )
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
     target_backend, drafter = resolve_backends(target_backend, drafter)
@@ -299,5 +306,7 @@ def generate(
         seed=seed,
         chat=chat,
         verifier=verifier,
+        logprobs=logprobs,
+        logprobs_mode=logprobs_mode,
     )
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 __all__ = ["AUTO", "AUTO_DRAFTER", "CHAT_MAX_NEW_TOKENS", "DEFAULT_BATCH_SIZE", "DEFAULT_DRAFT", "DEFAULT_DRAFTER",
            "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TARGET", "DEFAULT_TARGET_BACKEND",
-           "DEFAULT_TEMPERATURE", "DEFAULT_VERIFIER", "DRAFTERS", "DTYPES", "DrafterSpec", "PAPER_SEEDS",
-           "SERVING_GAMMA", "SWEEP_MAX_NEW_TOKENS", "TARGET_BACKENDS", "TargetBackendSpec", "VERIFIERS",
-           "check_pairing", "check_verifier", "drafter_spec", "llamacpp_installed", "resolve_backends",
-           "target_backend"]
+           "DEFAULT_TEMPERATURE", "DEFAULT_VERIFIER", "DRAFTERS", "DTYPES", "LOGPROBS_MODES", "LOGPROB_FLOOR",
+           "MAX_TOP_LOGPROBS", "DrafterSpec", "PAPER_SEEDS", "SERVING_GAMMA", "SWEEP_MAX_NEW_TOKENS",
+           "TARGET_BACKENDS", "TargetBackendSpec", "VERIFIERS", "check_pairing", "check_verifier", "drafter_spec",
+           "llamacpp_installed", "resolve_backends", "target_backend"]
 
 #: the default real pair (registered names; :mod:`verispec.models` installs them)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -70,6 +70,15 @@ def check_verifier(verifier: str, lossless: bool, trees: bool) -> None:
     if verifier == "block" and trees:
         raise ValueError("verifier 'block' verifies a chain; token trees are verified token by token")
 
+
+#: the most alternatives a token's logprobs may list (the OpenAI API's limit for top_logprobs)
+MAX_TOP_LOGPROBS = 20
+#: which distribution a token's logprobs come from: "emitted" (the law it was emitted from: the rule's target at a
+#: bonus position or under a lossless rule, the rule's exact induced law at a drafted position under a lossy one)
+#: or "target" (the processed target distribution p)
+LOGPROBS_MODES = ("emitted", "target")
+#: the log-probability reported for a token of probability 0 (JSON has no -inf; the OpenAI API's convention)
+LOGPROB_FLOOR = -9999.0
 
 #: units (or requests) decoded at once as rows of one batch by the harness (docs/results/batching.md)
 DEFAULT_BATCH_SIZE = 8

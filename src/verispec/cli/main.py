@@ -24,6 +24,8 @@ from verispec.defaults import (
     DEFAULT_VERIFIER,
     DRAFTERS,
     DTYPES,
+    LOGPROBS_MODES,
+    MAX_TOP_LOGPROBS,
     SERVING_GAMMA,
     TARGET_BACKENDS,
     VERIFIERS,
@@ -330,6 +332,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--repetition-penalty", default=1.0, show_default=True, type=float)
 @click.option("--frequency-penalty", default=0.0, show_default=True, type=float)
 @click.option("--presence-penalty", default=0.0, show_default=True, type=float)
+@click.option("--logit-bias", "logit_bias", multiple=True, metavar="TOKEN_ID=BIAS",
+              help="Add BIAS (in [-100, 100]) to a token's logit, for target and draft alike; repeatable.")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help=f"Most tokens to generate. Default: {CHAT_MAX_NEW_TOKENS} with --chat (room for a complete answer), "
                    f"else {DEFAULT_MAX_NEW_TOKENS}.")
@@ -340,14 +344,20 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as tokens are committed, or wait for the whole answer.")
+@click.option("--logprobs", "logprobs", default=None, type=click.IntRange(0, MAX_TOP_LOGPROBS),
+              help="With --json: each generated token's log-probability and this many alternatives.")
+@click.option("--logprobs-mode", type=click.Choice(LOGPROBS_MODES), default="emitted", show_default=True,
+              help="emitted: the law each token was emitted from (under a lossy rule, its exact induced law); "
+                   "target: the processed target distribution.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
              params: tuple[str, ...], verifier: str, drafter: str, target_backend: str, tree_depth: int,
              tree_top_k: int, tree_budget: int | None, no_draft: bool, gamma: str | None, temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
-             repetition_penalty: float, frequency_penalty: float, presence_penalty: float, max_new_tokens: int,
-             stop: tuple[str, ...], seed: int, dtype: str, threads: int | None, device: str, stream: bool,
+             repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
+             logit_bias: tuple[str, ...], max_new_tokens: int, stop: tuple[str, ...], seed: int, dtype: str,
+             threads: int | None, device: str, stream: bool, logprobs: int | None, logprobs_mode: str,
              as_json: bool) -> None:
     """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair).
 
@@ -371,7 +381,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         rule = rules.get(rule_name, **rules.parse_params(params))
         cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
                              repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-                             presence_penalty=presence_penalty)
+                             presence_penalty=presence_penalty, logit_bias=_logit_bias(logit_bias))
         tree = ({"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget}
                 if DRAFTERS[drafter].proposes_trees else None)
         drafter = "none" if no_draft else drafter
@@ -379,7 +389,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         engine = load_engine(target or models.DEFAULT_TARGET, (draft or models.DEFAULT_DRAFT) if uses_draft else None,
                              drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend)
         request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
-                          stop=list(stop), seed=seed, chat=chat, verifier=verifier)
+                          stop=list(stop), seed=seed, chat=chat, verifier=verifier, logprobs=logprobs,
+                          logprobs_mode=logprobs_mode)
         result = _run_streaming(engine, request, echo=stream and not as_json)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
@@ -397,6 +408,20 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s; " + _describe(engine.backends),
         err=True,
     )
+
+
+def _logit_bias(items: tuple[str, ...]) -> dict[int, float] | None:
+    """``--logit-bias ID=BIAS`` options -> {id: bias}; ValueError naming a malformed one."""
+    out: dict[int, float] = {}
+    for item in items:
+        tok, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(tok)] = float(bias)
+        except ValueError:
+            raise ValueError(f"--logit-bias expects TOKEN_ID=BIAS (e.g. 151643=-100), got {item!r}") from None
+    return out or None
 
 
 def _describe(backends: dict) -> str:

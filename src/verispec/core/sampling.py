@@ -4,8 +4,9 @@ These define what "p" and "q" mean everywhere in verispec (tutorial section 2.1)
 *after* temperature, truncation and penalties. The same :class:`SamplingConfig` is applied to the target
 and to the draft, so that verification uses the pair that sampling used.
 
-Fixed order (documented, the same as Hugging Face's processors then warpers):
+Fixed order (documented, the same as Hugging Face's processors then warpers; the bias first, as vLLM does):
 
+0. ``logit_bias`` (the OpenAI field): a constant added to the logit of each listed token;
 1. history penalties on logits: repetition (multiplicative, CTRL style), frequency, presence;
 2. temperature (``0`` means greedy: the distribution is one-hot on the argmax);
 3. top-k, 4. top-p (nucleus), 5. min-p (Eq. 5 of the lossy-verification paper),
@@ -24,8 +25,13 @@ import torch
 
 from verispec.defaults import DEFAULT_TEMPERATURE
 
+#: the largest magnitude of a logit bias (the OpenAI API's range; +-100 bans or forces a token in practice)
+LOGIT_BIAS_LIMIT = 100.0
+
 __all__ = [
+    "LOGIT_BIAS_LIMIT",
     "SamplingConfig",
+    "adjust_logits",
     "apply_penalties",
     "entropy",
     "eta_mask",
@@ -45,7 +51,9 @@ class SamplingConfig:
 
     ``temperature=0`` selects greedy decoding; the default is
     :data:`verispec.defaults.DEFAULT_TEMPERATURE`. ``min_p`` is ``p_base`` of Eq. 5; ``eta`` is the epsilon
-    of Eq. 6 with ``eta_delta`` its delta (``None``: delta = epsilon, as in Eq. 28).
+    of Eq. 6 with ``eta_delta`` its delta (``None``: delta = epsilon, as in Eq. 28). ``logit_bias``: (token id,
+    bias) pairs added to the logits before anything else (a dict is accepted and stored sorted); ids are checked
+    against the vocabulary where the model is known (the engine).
     """
 
     temperature: float = DEFAULT_TEMPERATURE
@@ -57,8 +65,24 @@ class SamplingConfig:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        if self.logit_bias is not None:
+            seen = set()
+            for tok, bias in self.logit_bias:
+                if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                    raise ValueError(f"logit_bias: token ids must be integers >= 0, got {tok!r}")
+                if tok in seen:
+                    raise ValueError(f"logit_bias: token {tok} is given twice")
+                seen.add(tok)
+                if not (isinstance(bias, (int, float)) and -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT):
+                    raise ValueError(f"logit_bias: the bias of token {tok} must be a number in "
+                                     f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {bias!r}")
+            if not self.logit_bias:
+                object.__setattr__(self, "logit_bias", None)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
@@ -85,6 +109,18 @@ class SamplingConfig:
     def uses_history(self) -> bool:
         """True when the distribution depends on the token history (penalties)."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """True when the logits are changed before temperature (a bias or a penalty): greedy's argmax then needs
+        :func:`adjust_logits` too."""
+        return self.logit_bias is not None or self.uses_history
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ValueError naming the first ``logit_bias`` token outside [0, vocab_size)."""
+        for tok, _ in self.logit_bias or ():
+            if tok >= vocab_size:
+                raise ValueError(f"logit_bias: token {tok} is outside the vocabulary [0, {vocab_size})")
 
     def with_(self, **changes: object) -> SamplingConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -157,6 +193,22 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor | History, cfg: S
         g = gen.to(out.dtype)
         out = out - cfg.frequency_penalty * g - cfg.presence_penalty * (gen > 0).to(out.dtype)
     return out
+
+
+def adjust_logits(logits: torch.Tensor, cfg: SamplingConfig, counts: torch.Tensor | History | None = None
+                  ) -> torch.Tensor:
+    """The logits every later step sees: ``logit_bias`` added, then the history penalties (when ``counts`` is
+    given). Applied identically to target and draft, so greedy and sampled verification stay exact under it."""
+    if cfg.logit_bias is not None:
+        ids = torch.tensor([t for t, _ in cfg.logit_bias], device=logits.device)
+        if int(ids.max()) >= logits.shape[-1]:
+            raise ValueError(f"logit_bias: token {int(ids.max())} is outside the vocabulary [0, {logits.shape[-1]})")
+        bias = torch.tensor([b for _, b in cfg.logit_bias], dtype=logits.dtype, device=logits.device)
+        logits = logits.clone()
+        logits[..., ids] += bias
+    if counts is not None:
+        logits = apply_penalties(logits, counts, cfg)
+    return logits
 
 
 def renormalize_on(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -244,10 +296,9 @@ def process(
     counts: torch.Tensor | History | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """The full pipeline: penalties (with the :class:`History` of each row), then :func:`probs_from_logits`."""
-    if counts is not None:
-        logits = apply_penalties(logits, counts, cfg)
-    return probs_from_logits(logits, cfg, dtype)
+    """The full pipeline: :func:`adjust_logits` (bias, penalties with the :class:`History` of each row), then
+    :func:`probs_from_logits`."""
+    return probs_from_logits(adjust_logits(logits, cfg, counts), cfg, dtype)
 
 
 def history_counts(base_counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
-from verispec.core.sampling import apply_penalties, process
+from verispec.core.sampling import adjust_logits, process
 from verispec.core.verify.chain import sample_categorical
 from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
 
@@ -62,7 +62,7 @@ class ModelDrafter(BaseDrafter):
                 req, lg = requests[i], logits[0]
                 if self.greedy or req.cfg.greedy:
                     # every processor and rule's draft transform keeps the argmax: q is needed only on request
-                    tok = int((apply_penalties(lg, hist[i], req.cfg) if hist[i] is not None else lg).argmax())
+                    tok = int((adjust_logits(lg, req.cfg, hist[i]) if req.cfg.adjusts_logits else lg).argmax())
                     if req.untempered_q:
                         qs[i].append(process(lg, req.cfg.untempered(), hist[i]))
                 else:

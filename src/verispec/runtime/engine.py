@@ -25,15 +25,22 @@ import torch
 
 from verispec.backends.base import Backend, ScoreRequest
 from verispec.core.rules import Rule, get
-from verispec.core.sampling import SamplingConfig, apply_penalties, process
+from verispec.core.sampling import SamplingConfig, adjust_logits, process
 from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
 from verispec.core.verify.tree import TokenTree, check_tree_rule, verify_tree
-from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER, check_verifier
+from verispec.defaults import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_VERIFIER,
+    LOGPROB_FLOOR,
+    LOGPROBS_MODES,
+    MAX_TOP_LOGPROBS,
+    check_verifier,
+)
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
 from verispec.runtime.scheduler import Scheduler
 from verispec.runtime.text import find_stop
-from verispec.runtime.types import GenerationResult, Metrics, Request, Row
+from verispec.runtime.types import GenerationResult, Metrics, Request, Row, TokenLogprob
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
 
@@ -96,6 +103,7 @@ class Engine:
         if not isinstance(rule, Rule):
             raise ValueError(f"rule must be a rule name or a Rule, got {type(rule).__name__}")
         check_gamma(req.gamma)
+        cfg.check_vocab(self.target.vocab_size)
         if self.proposes_trees:
             check_tree_rule(rule)
         if isinstance(req.max_new_tokens, bool) or not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
@@ -105,15 +113,28 @@ class Engine:
         if req.greedy_lossy not in ("reference", "onehot"):
             raise ValueError(f"greedy_lossy must be 'reference' or 'onehot', got {req.greedy_lossy!r}")
         check_verifier(req.verifier, rule.lossless, self.proposes_trees)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(req, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), "
+                                 f"got {k!r}")
+        if req.logprobs is not None:
+            if req.logprobs_mode not in LOGPROBS_MODES:
+                raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {req.logprobs_mode!r}")
+            if self.proposes_trees and not rule.lossless and req.logprobs_mode == "emitted" and not cfg.greedy:
+                raise ValueError("logprobs of the emitted law under a lossy rule are computed for chains; with a tree "
+                                 "drafter ask for logprobs_mode 'target'")
         return rule, cfg, self._check_prompt(req.prompt, req.chat)
 
     def start(self, req: Request, prepared: tuple[Rule, SamplingConfig, list[int]] | None = None) -> Row:
         """Validate a request (unless ``prepared`` by :meth:`prepare`) and allocate its row in the target and the
         drafter: from now on the row takes part in every batched forward until :meth:`release`."""
         rule, cfg, prompt_ids = prepared if prepared is not None else self.prepare(req)
+        scored = self.prompt_logprobs(prompt_ids, req.prompt_logprobs) if req.prompt_logprobs is not None else None
         key = self._next_key
         self._next_key += 1
         row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, self.target.add_row())
+        row.prompt_logprobs = scored
         if self.drafter is not None:
             self.drafter.add_row(key, req.gamma)
         return row
@@ -133,7 +154,33 @@ class Engine:
         text = self.decode(row.new)
         if row.stop_at is not None:
             text = text[: row.stop_at]
-        return GenerationResult(text, list(row.new), row.finish or "length", m, row.prompt_ids)
+        logprobs = row.logprobs[: len(row.new)] if row.logprobs is not None else None
+        return GenerationResult(text, list(row.new), row.finish or "length", m, row.prompt_ids, logprobs=logprobs,
+                                prompt_logprobs=row.prompt_logprobs)
+
+    def prompt_logprobs(self, prompt_ids: Sequence[int], top: int = 0, chunk: int = 256) -> list[TokenLogprob]:
+        """Each prompt token's log-probability given the tokens before it (None for the first), with ``top``
+        alternatives, under the target's own distribution (log-softmax of its logits: temperature 1, no
+        processors, as vLLM's prompt logprobs): what log-likelihood evaluation scores. Runs on a row of its own,
+        ``chunk`` tokens per forward, and frees it."""
+        ids = [int(t) for t in prompt_ids]
+        out = [TokenLogprob(ids[0], None)]
+        row = self.target.add_row()
+        try:
+            for pos in range(1, len(ids), chunk):
+                toks = ids[pos : pos + chunk]
+                logits = self.target.score([ScoreRequest(row, ids[:pos], toks)])[0][: len(toks)]
+                self.target.commit(row, list(range(len(toks))))
+                logp = torch.log_softmax(logits.double(), -1).clamp(min=LOGPROB_FLOOR)
+                for j, tok in enumerate(toks):
+                    alts = []
+                    if top:
+                        vals, idx = logp[j].topk(top)
+                        alts = [(int(t), float(v)) for v, t in zip(vals, idx, strict=True)]
+                    out.append(TokenLogprob(tok, float(logp[j, tok]), alts))
+        finally:
+            self.target.remove_row(row)
+        return out
 
     def _check_prompt(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
         """Encode and validate a prompt: not empty, ids in the vocabulary, room left in the context."""
@@ -179,6 +226,7 @@ class Engine:
         for r, prop, lg in zip(rows, proposals, logits, strict=True):
             t1 = time.perf_counter()
             path, emitted, reached = self._verify(r, prop, lg.cpu())
+            lps = self._logprobs(r, prop, lg.cpu(), path, emitted) if r.logprobs is not None else None
             self.target.commit(r.target_row, path)
             if self.drafter is not None:
                 self.drafter.commit(r.key, prop, path)
@@ -186,6 +234,8 @@ class Engine:
             before = len(r.new)
             self._commit(r, emitted)
             appended = r.new[before:]
+            if lps is not None:
+                r.logprobs.extend(lps[: len(appended)])  # type: ignore[union-attr]
             m = r.metrics
             m.draft_s += draft_s
             m.draft_forward_calls += prop.forward_calls
@@ -206,8 +256,8 @@ class Engine:
             y_t = torch.tensor([y], dtype=torch.long)
             hist = r.history.prefixes(y) if r.history is not None else None
             if r.cfg.greedy and r.rule.lossless:
-                if hist is not None:
-                    logits = apply_penalties(logits, hist, r.cfg)
+                if r.cfg.adjusts_logits:
+                    logits = adjust_logits(logits, r.cfg, hist)
                 res = verify_greedy(y_t, logits.argmax(-1).unsqueeze(0))
             elif r.cfg.greedy and r.request.greedy_lossy == "reference":
                 p = process(logits, r.cfg.untempered(), hist)
@@ -230,6 +280,47 @@ class Engine:
 
         res = verify_tree(r.rule, tree, dist, r.generator)
         return res.path, res.tokens, res.accepted + (1 if res.rejected else 0)
+
+    def _logprobs(self, r: Row, prop: Proposal, logits: torch.Tensor, path: list[int], emitted: list[int]
+                  ) -> list[TokenLogprob]:
+        """Each emitted token's log-probability (and the top alternatives) under the distribution it was emitted
+        from (``logprobs_mode`` "emitted"): the rule's target law at the bonus position or under a lossless rule;
+        the rule's exact induced law ``rule.induced(p, q)`` at a drafted position under a lossy one (q one-hot on a
+        token-only draft), i.e. the law of that position's token marginal over the draft. "target": the processed
+        target p. At temperature 0 both report p at temperature 1 with the same bias and penalties (the emitted
+        law is a point mass). Position i conditions on the committed history plus ``emitted[:i]``."""
+        n = len(emitted)
+        if n == 0:
+            return []
+        cfg = r.cfg.untempered() if r.cfg.greedy else r.cfg
+        # logits row of each emitted position: a chain's i-th; a tree's root, then the accepted nodes'
+        rows = list(range(n)) if prop.is_chain else [0] + [node + 1 for node in path][: n - 1]
+        hist = r.history.prefixes(emitted[:-1]) if r.history is not None else None
+        p = process(logits[rows], cfg, hist)
+        emitted_law = r.request.logprobs_mode == "emitted" and not r.cfg.greedy
+        if emitted_law and not r.rule.lossless:
+            gamma = len(prop.tokens)
+            dist = []
+            for i in range(n):
+                if i < gamma:
+                    q = prop.q[i].to(p.dtype) if prop.q is not None else \
+                        torch.nn.functional.one_hot(torch.tensor(prop.tokens[i]), p.shape[-1]).to(p.dtype)
+                    dist.append(r.rule.induced(p[i], q))
+                else:
+                    dist.append(r.rule.bonus(p[i]))
+            p = torch.stack(dist)
+        elif emitted_law:
+            p = r.rule.target(p)
+        logp = torch.where(p > 0, p.log(), torch.full_like(p, LOGPROB_FLOOR)).clamp(min=LOGPROB_FLOOR)
+        k = int(r.request.logprobs or 0)
+        out = []
+        for i, tok in enumerate(emitted):
+            top = []
+            if k:
+                vals, idx = logp[i].topk(min(k, logp.shape[-1]))
+                top = [(int(t), float(v)) for v, t in zip(vals, idx, strict=True)]
+            out.append(TokenLogprob(int(tok), float(logp[i, tok]), top))
+        return out
 
     def _commit(self, r: Row, emitted: Sequence[int]) -> None:
         """Append a round's tokens one by one, stopping at EOS, a stop string, max_new_tokens or the context."""
@@ -262,6 +353,9 @@ class Engine:
         chat: bool | Sequence[bool] = False,
         greedy_lossy: str | Sequence[str] = "reference",
         verifier: str | Sequence[str] = DEFAULT_VERIFIER,
+        logprobs: int | None | Sequence[int | None] = None,
+        logprobs_mode: str | Sequence[str] = "emitted",
+        prompt_logprobs: int | None | Sequence[int | None] = None,
         batch_size: int | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
@@ -270,7 +364,10 @@ class Engine:
 
         A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
         ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``: "token"
-        or "block" (:mod:`verispec.core.verify.block`; lossless rules, chains).
+        or "block" (:mod:`verispec.core.verify.block`; lossless rules, chains). ``logprobs``: report each generated
+        token's log-probability and that many alternatives (``result.logprobs``), under ``logprobs_mode`` (see
+        :class:`Request`). ``prompt_logprobs``: each prompt token's log-probability under the target
+        (``result.prompt_logprobs``, :meth:`prompt_logprobs`).
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
@@ -287,6 +384,9 @@ class Engine:
             "chat": _per_row("chat", chat, n, (bool,)),
             "greedy_lossy": _per_row("greedy_lossy", greedy_lossy, n, (str,)),
             "verifier": _per_row("verifier", verifier, n, (str,)),
+            "logprobs": _per_row("logprobs", logprobs, n, (int, type(None))),
+            "logprobs_mode": _per_row("logprobs_mode", logprobs_mode, n, (str,)),
+            "prompt_logprobs": _per_row("prompt_logprobs", prompt_logprobs, n, (int, type(None))),
         }
         requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
         if single:

@@ -14,7 +14,21 @@ from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
 from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER
 
-__all__ = ["GenerationResult", "Metrics", "Request", "Row"]
+__all__ = ["GenerationResult", "Metrics", "Request", "Row", "TokenLogprob"]
+
+
+@dataclass
+class TokenLogprob:
+    """One emitted token's log-probability and the ``top`` most probable alternatives, as (id, logprob), under
+    the distribution named by the request's ``logprobs_mode`` (see :data:`verispec.defaults.LOGPROBS_MODES`).
+    ``logprob`` is None for a prompt's first token, which nothing predicts."""
+
+    token: int
+    logprob: float | None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "logprob": self.logprob, "top": [list(t) for t in self.top]}
 
 
 @dataclass
@@ -132,6 +146,10 @@ class GenerationResult:
     metrics: Metrics
     prompt_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    #: per generated token, when the request asked for ``logprobs``
+    logprobs: list[TokenLogprob] | None = None
+    #: per prompt token (the first one's logprob None: nothing predicts it), when the request asked for them
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self, per_round: bool = False) -> dict:
         d = {
@@ -142,6 +160,10 @@ class GenerationResult:
         }
         if self.error is not None:
             d["error"] = self.error
+        if self.logprobs is not None:
+            d["logprobs"] = [t.to_dict() for t in self.logprobs]
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
         return d
 
 
@@ -164,6 +186,14 @@ class Request:
     greedy_lossy: str = "reference"
     #: how a chain is verified: "token" or "block" (:data:`verispec.defaults.VERIFIERS`)
     verifier: str = DEFAULT_VERIFIER
+    #: report each generated token's log-probability and this many alternatives (0..MAX_TOP_LOGPROBS); None: no
+    logprobs: int | None = None
+    #: which distribution: "emitted" or "target" (:data:`verispec.defaults.LOGPROBS_MODES`); at temperature 0 the
+    #: emitted law is a point mass, so both report the target's at temperature 1 (same bias and penalties)
+    logprobs_mode: str = "emitted"
+    #: report each prompt token's log-probability given the tokens before it under the target's own distribution
+    #: (temperature 1, no processors), with this many alternatives; None: no
+    prompt_logprobs: int | None = None
 
 
 class Row:
@@ -181,6 +211,8 @@ class Row:
         self.stop_at: int | None = None
         self.metrics = Metrics()
         self.start = time.perf_counter()
+        self.logprobs: list[TokenLogprob] | None = [] if req.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def done(self) -> bool:

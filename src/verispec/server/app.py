@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from verispec.runtime.engine import Engine
 from verispec.runtime.scheduler import Handle
 from verispec.runtime.text import TextStream
+from verispec.runtime.types import GenerationResult, Row, TokenLogprob
 from verispec.server.metrics import ServerMetrics
 from verispec.server.protocol import (
     APIError,
@@ -41,7 +42,7 @@ from verispec.server.protocol import (
     parse_body,
     prompt_builder,
 )
-from verispec.server.responses import Reply, sse, verispec_block
+from verispec.server.responses import LogprobFormatter, Reply, sse, verispec_block
 from verispec.server.worker import Job, Worker
 
 __all__ = ["Generation", "ServerState", "create_app"]
@@ -87,13 +88,23 @@ class ServerState:
 
 class Generation:
     """The listener of one job: runs the worker's callbacks (on the worker thread) and forwards them as events to
-    the request's event loop: ("admitted",), ("rejected", exc), ("text", delta), ("done", handle, tail)."""
+    the request's event loop: ("admitted",), ("rejected", exc), ("text", delta, logprobs), ("done", handle, tail,
+    logprobs). With logprobs asked for, a text event carries those of the tokens since the last event (tokens whose
+    text is still held back wait for the next one) and the done event the rest (streamed) or all (not streamed),
+    formatted here on the worker thread, where the tokenizer lives. With ``echo`` the prompt's text (and its
+    tokens' logprobs, the first one null) comes first: in the first text event, or in the full response."""
 
-    def __init__(self, state: ServerState, settings: Settings, arrival: float) -> None:
+    def __init__(self, state: ServerState, settings: Settings, arrival: float, chat: bool = False,
+                 echo: str | None = None) -> None:
         self.state, self.settings, self.arrival = state, settings, arrival
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple] = asyncio.Queue()
         self.text = TextStream(state.engine.decode, settings.stop)
+        self.logprobs = LogprobFormatter(chat, state.engine.decode) if settings.logprobs is not None else None
+        self._held: list[TokenLogprob] = []  # logprob entries of tokens not sent yet (streaming)
+        #: echo: the prompt's text ("" for a prompt of token ids: decoded here), until it is sent
+        self.echo = echo
+        self.echo_text = ""  # the echoed prompt of a full (not streamed) response
         self.first_token_s: float | None = None
         self.finished = False
 
@@ -112,23 +123,51 @@ class Generation:
         self.state.release()
         self._put("rejected", exc)
 
-    def tokens(self, ids: list[int]) -> None:
+    def _echo(self, source: Row | GenerationResult | None) -> str:
+        """The prompt's text, with its logprob entries held, once; "" without echo, once sent, or before the row
+        exists."""
+        if self.echo is None or source is None:
+            return ""
+        text = self.echo or self.state.engine.decode(source.prompt_ids)
+        self.echo = None
+        if self.logprobs is not None:
+            self._held.extend(source.prompt_logprobs or [])
+        return text
+
+    def tokens(self, ids: list[int], handle: Handle | None = None) -> None:
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.arrival
             self.state.metrics.ttft.observe(self.first_token_s)
+        row = handle.row if handle is not None else None
+        prefix = self._echo(row) if self.settings.stream else ""
         delta = self.text.push(ids)
-        if delta:
-            self._put("text", delta)
+        if self.logprobs is not None and self.settings.stream and row is not None and row.logprobs is not None:
+            self._held.extend(row.logprobs[len(row.logprobs) - len(ids):] if ids else [])
+        if prefix or delta:
+            self._put("text", prefix + delta, self._release())
+
+    def _release(self) -> dict | None:
+        if self.logprobs is None or not self._held:
+            return None
+        out, self._held = self.logprobs(self._held), []
+        return out
 
     def done(self, handle: Handle) -> None:
         self.finished = True
+        logprobs = None
         try:
             if handle.result is not None:
                 self.state.metrics.record_result(self.settings.rule.name, handle.result,
                                                  time.perf_counter() - self.arrival)
+            if not self.settings.stream and handle.result is not None:
+                result = handle.result
+                self.echo_text = self._echo(result)
+                if self.logprobs is not None:
+                    self._held.extend(result.logprobs or [])
+            logprobs = self._release()
         finally:
             self.state.release()
-            self._put("done", handle, self.text.finish())
+            self._put("done", handle, self.text.finish(), logprobs)
 
 
 class _CountRequests:
@@ -274,7 +313,8 @@ def create_app(
         if not state.try_acquire():
             raise APIError(429, f"the server is at its limit of {state.max_concurrency} concurrent requests "
                            "(--max-concurrency); retry later", code="too_many_requests", type_="rate_limit_error")
-        gen = Generation(state, settings, arrival)
+        echo = None if not settings.echo else body.prompt if isinstance(body.prompt, str) else ""  # type: ignore[attr-defined]
+        gen = Generation(state, settings, arrival, chat, echo)
         job = Job(build, gen)
         try:
             state.worker.submit(job)
@@ -305,7 +345,8 @@ def create_app(
                 result = handle.result
                 block = verispec_block(settings.rule, settings.gamma, result,  # type: ignore[arg-type]
                                        engine.backends, settings.verifier)
-                return JSONResponse(reply.full(result.text, result.finish_reason, result, block))  # type: ignore[union-attr]
+                return JSONResponse(reply.full(gen.echo_text + result.text, result.finish_reason,  # type: ignore[union-attr]
+                                               result, block, event[3]))  # type: ignore[arg-type]
 
     async def _stream(gen: Generation, job: Job, reply: Reply, settings: Settings) -> AsyncIterator[str]:
         try:
@@ -314,7 +355,7 @@ def create_app(
             while True:
                 event = await gen.queue.get()
                 if event[0] == "text":
-                    yield sse(reply.chunk(text=event[1]))
+                    yield sse(reply.chunk(text=event[1], logprobs=event[2]))
                     continue
                 if event[0] == "rejected":
                     yield sse(_rejection(event[1]).body())
@@ -322,9 +363,9 @@ def create_app(
                     return
                 if event[0] != "done":
                     continue
-                handle, tail = event[1], event[2]
-                if tail:
-                    yield sse(reply.chunk(text=tail))
+                handle, tail, logprobs = event[1], event[2], event[3]
+                if tail or logprobs:
+                    yield sse(reply.chunk(text=tail, logprobs=logprobs))
                 if (err := _failure(handle)) is not None:
                     yield sse(err.body())
                     yield sse("[DONE]")

@@ -3,13 +3,16 @@
 Supported fields (both endpoints): ``model``, ``temperature`` (default
 :data:`verispec.defaults.DEFAULT_TEMPERATURE`, 0 = greedy), ``top_p``, ``max_tokens`` (chat also
 ``max_completion_tokens``), ``stop`` (a string or a list), ``seed`` (default: a fresh random seed per request),
-``frequency_penalty``, ``presence_penalty``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``; the
-vLLM-style extensions ``top_k``, ``min_p``, ``repetition_penalty``; and verispec's own ``verification``
-(``{"rule": NAME, "params": {...}}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the official client
-sends through ``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on the output
-are accepted and ignored. Fields that would change what is generated or returned (``logprobs``, ``tools``,
-``logit_bias``, ``n`` > 1, ``best_of`` > 1, ``echo``, ``response_format`` other than text, ...) are refused
-with 400 naming the field, as is any field this server does not know.
+``frequency_penalty``, ``presence_penalty``, ``logit_bias`` (token id -> bias in [-100, 100], applied to target and
+draft alike), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number of
+alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1 only),
+``stream``, ``stream_options.include_usage``; the vLLM-style extensions ``top_k``, ``min_p``,
+``repetition_penalty``; and verispec's own ``verification`` (``{"rule": NAME, "params": {...}, "verifier": "token"
+| "block", "logprobs_mode": "emitted" | "target"}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the
+official client sends through ``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on
+the output are accepted and ignored. Fields that would change what is generated or returned (``tools``, ``n`` > 1,
+``best_of`` > 1, chat ``echo``, ``response_format`` other than text, ...) are refused with 400 naming the field,
+as is any field this server does not know.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from verispec.core import rules
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
-from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, SERVING_GAMMA, check_verifier
+from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, MAX_TOP_LOGPROBS, SERVING_GAMMA, check_verifier
 from verispec.runtime.engine import Engine
 from verispec.runtime.types import Request
 
@@ -63,13 +66,10 @@ def _harmless(value: object) -> bool:
 
 #: fields that change what is generated or returned: refused unless the value is a no-op
 UNSUPPORTED: dict[str, Callable[[object], bool]] = {
-    "logprobs": _harmless,
-    "top_logprobs": _harmless,
     "tools": _harmless,
     "tool_choice": lambda v: _harmless(v) or v == "none",
     "functions": _harmless,
     "function_call": lambda v: _harmless(v) or v == "none",
-    "logit_bias": _harmless,
     "best_of": lambda v: _harmless(v) or v == 1,
     "echo": _harmless,
     "suffix": _harmless,
@@ -94,6 +94,8 @@ class Verification(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     #: "token" or "block" (:data:`verispec.defaults.VERIFIERS`)
     verifier: StrictStr = DEFAULT_VERIFIER
+    #: the distribution logprobs are reported under: "emitted" or "target" (:data:`verispec.defaults.LOGPROBS_MODES`)
+    logprobs_mode: Literal["emitted", "target"] = "emitted"
 
 
 class Speculative(BaseModel):
@@ -121,6 +123,7 @@ class _Common(BaseModel):
     seed: StrictInt | None = Field(None, ge=0, lt=2**63)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     n: StrictInt | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -132,6 +135,10 @@ class CompletionRequest(_Common):
     """``POST /v1/completions``: one prompt (text, or token ids)."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    #: alternatives per token (0: the chosen token's logprob only); None: no logprobs
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    #: the prompt first in the text (and, with logprobs, its tokens' logprobs: log-likelihood evaluation)
+    echo: StrictBool = False
 
 
 class ChatCompletionRequest(_Common):
@@ -139,6 +146,8 @@ class ChatCompletionRequest(_Common):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 def _param(loc: tuple) -> str:
@@ -165,6 +174,8 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
     for name in IGNORED:
         data.pop(name, None)
     for name, ok in UNSUPPORTED.items():
+        if name == "echo" and model is CompletionRequest:
+            continue  # completions echo the prompt (and score it with logprobs)
         if name in data and not ok(data[name]):
             raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_field")
         data.pop(name, None)
@@ -206,6 +217,10 @@ class Settings:
     stream: bool
     include_usage: bool
     verifier: str = DEFAULT_VERIFIER
+    #: alternatives per token when logprobs were asked for, else None; and under which distribution
+    logprobs: int | None = None
+    logprobs_mode: str = "emitted"
+    echo: bool = False
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -233,16 +248,41 @@ class Settings:
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 presence_penalty=req.presence_penalty or 0.0,
+                logit_bias=_logit_bias(req.logit_bias),  # type: ignore[arg-type]
             )
         except ValueError as exc:
-            raise APIError(400, str(exc), code="invalid_value") from None
+            param = "logit_bias" if str(exc).startswith("logit_bias") else None
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
         max_tokens = req.max_tokens
         if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
             max_tokens = req.max_completion_tokens
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier)
+        return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
+                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)))
+
+
+def _logprobs(req: _Common) -> int | None:
+    """Alternatives per token asked for (chat: ``top_logprobs`` with ``logprobs: true``), or None."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs  # type: ignore[attr-defined]
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    """The OpenAI ``logit_bias`` map (token ids as JSON object keys) -> {id: bias}; 400 naming a bad key."""
+    if not raw:
+        return None
+    out = {}
+    for key, bias in raw.items():
+        if not key.strip().lstrip("-").isdigit():
+            raise APIError(400, f"logit_bias: keys must be token ids (integers), got {key!r}", param="logit_bias",
+                           code="invalid_value")
+        out[int(key)] = bias
+    return out
 
 
 def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -313,6 +353,10 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
         vocab = engine.target.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise APIError(400, f"{param}: token id out of the vocabulary [0, {vocab})", param=param)
+        try:
+            settings.sampling.check_vocab(vocab)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
         if engine.proposes_trees:
             try:
                 check_tree_rule(settings.rule)
@@ -339,6 +383,8 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             default = limits.max_tokens_limit if chat else limits.default_completion_tokens
             max_tokens = min(default, room)
         return Request(ids, rule=settings.rule, sampling=settings.sampling, gamma=settings.gamma,
-                       max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier)
+                       max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier,
+                       logprobs=settings.logprobs, logprobs_mode=settings.logprobs_mode,
+                       prompt_logprobs=settings.logprobs if settings.echo else None)
 
     return build

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.core.rules import Rule
-from verispec.runtime.types import GenerationResult
+from verispec.runtime.types import GenerationResult, TokenLogprob
 
-__all__ = ["Reply", "sse", "verispec_block"]
+__all__ = ["LogprobFormatter", "Reply", "sse", "verispec_block"]
 
 
 def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult,
@@ -56,6 +57,35 @@ def sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
+class LogprobFormatter:
+    """A response's ``logprobs`` objects from the engine's :class:`TokenLogprob` entries, in the OpenAI shapes:
+    chat ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``; completions ``{"tokens",
+    "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``. A token's text is its own decoding
+    (a piece of a multi-byte character decodes to U+FFFD; ``bytes`` are its UTF-8). Stream chunks are formatted
+    one after another by the same formatter, so the completions' ``text_offset`` runs on across chunks."""
+
+    def __init__(self, chat: bool, decode: Callable[[Sequence[int]], str]) -> None:
+        self.chat, self._decode = chat, decode
+        self.offset = 0
+
+    def _piece(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self._decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def __call__(self, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+        if self.chat:
+            return {"content": [{**self._piece(e.token, e.logprob),
+                                 "top_logprobs": [self._piece(t, lp) for t, lp in e.top]} for e in entries]}
+        tokens = [self._decode([e.token]) for e in entries]
+        offsets = []
+        for t in tokens:
+            offsets.append(self.offset)
+            self.offset += len(t)
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [None if e.logprob is None else {self._decode([t]): lp for t, lp in e.top}
+                                 for e in entries], "text_offset": offsets}
+
+
 @dataclass
 class Reply:
     """Builds the bodies of one response: ``chat`` selects chat.completion(.chunk) over text_completion."""
@@ -72,26 +102,29 @@ class Reply:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: str, result: GenerationResult, block: dict[str, Any]) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str, result: GenerationResult, block: dict[str, Any],
+             logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The non-streamed response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             body = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("text_completion")
         return {**body, "choices": [choice], "usage": usage(result), "verispec": block}
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict[str, Any]:
-        """A stream chunk with one choice: a text delta, the opening role (chat) or the finish reason."""
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A stream chunk with one choice: a text delta (with its tokens' logprobs), the opening role (chat) or
+        the finish reason."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:

@@ -9,7 +9,8 @@ through the listener, always from this thread:
 - ``admitted()``: ``build`` and ``Scheduler.submit`` succeeded; the request waits for a batch slot or runs;
 - ``rejected(exc)``: ``build`` or ``Scheduler.submit`` raised (bad input), the job was cancelled before it was
   built, or the server stopped first; nothing ran;
-- ``tokens(ids)``: the ids a round committed (streaming);
+- ``tokens(ids, handle)``: the ids a round committed (streaming), and the request's handle (its row holds the
+  logprob entries when the request asked for them);
 - ``done(handle)``: the handle is finished (``handle.result``; ``handle.error`` when its round failed;
   ``finish_reason == "cancelled"`` when it was cancelled while waiting or running).
 
@@ -44,7 +45,7 @@ class JobListener(Protocol):
 
     def rejected(self, exc: Exception) -> None: ...
 
-    def tokens(self, ids: list[int]) -> None: ...
+    def tokens(self, ids: list[int], handle: Handle) -> None: ...
 
     def done(self, handle: Handle) -> None: ...
 
@@ -155,7 +156,7 @@ class Worker:
             job.request = job.build(self.engine)
             job.handle = self.scheduler.submit(
                 job.request,
-                on_tokens=lambda _h, ids, j=job: self._safe(j.listener.tokens, ids),
+                on_tokens=lambda h, ids, j=job: self._safe(j.listener.tokens, ids, h),
                 on_done=lambda h, j=job: self._safe(j.listener.done, h),
             )
         except Exception as exc:
