@@ -276,6 +276,36 @@ def test_echo_with_logprobs_scores_the_prompt(server, reference):
     assert "".join(tokens) == "".join(ch.choices[0].text for ch in streamed if ch.choices)
 
 
+def test_n_choices_are_rows_with_their_own_seeds(server, reference):
+    """n = 3 at T = 1: choice i is the engine's own run with seed + i (so the choices differ), streamed or not;
+    usage counts the prompt once and every choice's tokens; the verispec block has each choice's metrics."""
+    c = client(server)
+    spec = {"speculative": {"gamma": 3}}
+    refs = [reference.generate("hello world", sampling=SamplingConfig(temperature=1.0), max_new_tokens=12, seed=5 + i,
+                               gamma=3) for i in range(3)]
+    assert len({r.text for r in refs}) > 1
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=12, temperature=1.0, seed=5, n=3,
+                             extra_body=spec)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert [ch.text for ch in r.choices] == [x.text for x in refs]
+    assert r.usage.completion_tokens == sum(len(x.token_ids) for x in refs) and r.usage.prompt_tokens == 11
+    assert len(r.model_extra["verispec"]["per_choice"]) == 3
+    msgs = [{"role": "user", "content": "hello world"}]
+    chat_refs = [reference.generate("hello world", chat=True, sampling=SamplingConfig(temperature=1.0), gamma=3,
+                                    max_new_tokens=12, seed=9 + i) for i in range(2)]
+    stream = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=1.0, seed=9, n=2,
+                                       stream=True, stream_options={"include_usage": True}, extra_body=spec)
+    texts, finished = ["", ""], set()
+    for ch in stream:
+        for choice in ch.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+        if ch.usage is not None:
+            assert ch.usage.completion_tokens == sum(len(x.token_ids) for x in chat_refs)
+    assert texts == [x.text for x in chat_refs] and finished == {0, 1}
+
+
 def test_per_request_rule_reaches_the_verifier(server, reference):
     """The rule sent in extra_body is the one that ran: the response names it, and its counters equal the engine's
     own run with that rule, which differ from lossless (greedy: CoS-WE accepts drafts lossless refuses; T = 1:
@@ -405,7 +435,8 @@ BAD = [
     ("/v1/completions", {**COMP, "speculative": {"gamma": 1000}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gama": 3}}, 400, "unknown field 'speculative.gama'",
      "speculative.gama"),
-    ("/v1/completions", {**COMP, "n": 2}, 400, "n must be 1", "n"),
+    ("/v1/completions", {**COMP, "n": 17}, 400, "less than or equal to 16", "n"),
+    ("/v1/completions", {**COMP, "n": 0}, 400, "greater than or equal to 1", "n"),
     ("/v1/completions", {**COMP, "best_of": 3}, 400, "best_of is not supported", "best_of"),
     ("/v1/completions", {**COMP, "logprobs": 21}, 400, "less than or equal to 20", "logprobs"),
     ("/v1/completions", {**COMP, "logprobs": True}, 400, "logprobs", "logprobs"),
@@ -556,7 +587,7 @@ def test_metrics_parse_and_count_what_was_served(server):
         model=MODEL, messages=[{"role": "user", "content": "me too"}], max_tokens=7, temperature=0.7, seed=1,
         stream=True, stream_options={"include_usage": True},
         extra_body={"verification": {"rule": "lenience", "params": {"l": 0.5}}, "speculative": {"gamma": 5}}))
-    post(server, "/v1/completions", {**COMP, "n": 3})
+    post(server, "/v1/completions", {**COMP, "n": 0})
     after = metrics(server)
 
     def delta(name: str, **labels: str) -> float:

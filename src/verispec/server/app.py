@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -68,11 +69,12 @@ class ServerState:
         self._lock = threading.Lock()
         self.active = 0
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, n: int = 1) -> bool:
+        """Take ``n`` concurrency slots (one per choice), or none when fewer are free."""
         with self._lock:
-            if self.active >= self.max_concurrency:
+            if self.active + n > self.max_concurrency:
                 return False
-            self.active += 1
+            self.active += n
             self.metrics.in_flight.set(self.active)
             return True
 
@@ -309,53 +311,94 @@ def create_app(
             raise APIError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
                            param="model", code="model_not_found")
         settings = Settings.of(body)
-        build = prompt_builder(body, settings, state.limits)
-        if not state.try_acquire():
+        prompt_builder(body, settings, state.limits)  # the prompt's own checks, before a slot is taken
+        if not state.try_acquire(settings.n):
             raise APIError(429, f"the server is at its limit of {state.max_concurrency} concurrent requests "
                            "(--max-concurrency); retry later", code="too_many_requests", type_="rate_limit_error")
         echo = None if not settings.echo else body.prompt if isinstance(body.prompt, str) else ""  # type: ignore[attr-defined]
-        gen = Generation(state, settings, arrival, chat, echo)
-        job = Job(build, gen)
-        try:
-            state.worker.submit(job)
-        except RuntimeError as exc:
-            state.release()
-            raise APIError(503, str(exc), code="shutting_down") from None
-        first = await _next_event(gen, request, job, state)
-        if first is None:
-            return Response(status_code=499)
-        if first[0] == "rejected":
-            raise _rejection(first[1])
+        choices: list[tuple[Generation, Job]] = []
+        for i in range(settings.n):  # choice i: its own row and seed
+            own = replace(settings, seed=settings.seed + i) if i else settings
+            gen = Generation(state, own, arrival, chat, echo)
+            choices.append((gen, Job(prompt_builder(body, own, state.limits), gen)))
+        for k, (_gen, job) in enumerate(choices):
+            try:
+                state.worker.submit(job)
+            except RuntimeError as exc:
+                for _ in choices[k:]:
+                    state.release()
+                _cancel(choices[:k])
+                raise APIError(503, str(exc), code="shutting_down") from None
+        for gen, job in choices:
+            first = await _next_event(gen, request, job, state)
+            if first is None:
+                _cancel(choices)
+                return Response(status_code=499)
+            if first[0] == "rejected":
+                _cancel(choices)
+                raise _rejection(first[1])
         reply = Reply(chat, state.model_name)
         if settings.stream:
-            return _EventStream(_stream(gen, job, reply, settings), headers={"Cache-Control": "no-cache"})
-        return await _complete(request, gen, job, reply, settings)
+            return _EventStream(_stream(choices, reply, settings), headers={"Cache-Control": "no-cache"})
+        return await _complete(request, choices, reply, settings)
 
-    async def _complete(request: Request, gen: Generation, job: Job, reply: Reply, settings: Settings) -> Response:
-        while True:
-            event = await _next_event(gen, request, job, state)
-            if event is None:
-                return Response(status_code=499)
-            if event[0] == "rejected":
-                raise _rejection(event[1])
-            if event[0] == "done":
-                handle: Handle = event[1]
-                if (err := _failure(handle)) is not None:
-                    raise err
-                result = handle.result
-                block = verispec_block(settings.rule, settings.gamma, result,  # type: ignore[arg-type]
-                                       engine.backends, settings.verifier)
-                return JSONResponse(reply.full(gen.echo_text + result.text, result.finish_reason,  # type: ignore[union-attr]
-                                               result, block, event[3]))  # type: ignore[arg-type]
+    def _cancel(choices: list[tuple[Generation, Job]]) -> None:
+        for gen, job in choices:
+            if not gen.finished:
+                state.worker.cancel(job)
 
-    async def _stream(gen: Generation, job: Job, reply: Reply, settings: Settings) -> AsyncIterator[str]:
-        try:
-            if reply.chat:
-                yield sse(reply.chunk(role=True))
+    def _block(settings: Settings, results: list[GenerationResult]) -> dict[str, Any]:
+        """The ``verispec`` block: the first choice's, with every choice's metrics when there are several."""
+        block = verispec_block(settings.rule, settings.gamma, results[0], engine.backends, settings.verifier)
+        if len(results) > 1:
+            block["per_choice"] = [verispec_block(settings.rule, settings.gamma, r)["metrics"] for r in results]
+        return block
+
+    async def _complete(request: Request, choices: list[tuple[Generation, Job]], reply: Reply,
+                        settings: Settings) -> Response:
+        results, bodies = [], []
+        for index, (gen, job) in enumerate(choices):
+            while True:
+                event = await _next_event(gen, request, job, state)
+                if event is None:
+                    _cancel(choices)
+                    return Response(status_code=499)
+                if event[0] == "rejected":
+                    _cancel(choices)
+                    raise _rejection(event[1])
+                if event[0] == "done":
+                    break
+            handle: Handle = event[1]
+            if (err := _failure(handle)) is not None:
+                _cancel(choices)
+                raise err
+            result: GenerationResult = handle.result  # type: ignore[assignment]
+            results.append(result)
+            bodies.append(reply.choice(index, gen.echo_text + result.text, result.finish_reason, event[3]))
+        return JSONResponse(reply.full(bodies, results, _block(settings, results)))
+
+    async def _stream(choices: list[tuple[Generation, Job]], reply: Reply, settings: Settings
+                      ) -> AsyncIterator[str]:
+        merged: asyncio.Queue[tuple[int, tuple]] = asyncio.Queue()
+
+        async def pump(index: int, gen: Generation) -> None:
             while True:
                 event = await gen.queue.get()
+                await merged.put((index, event))
+                if event[0] in ("done", "rejected"):
+                    return
+
+        tasks = [asyncio.create_task(pump(i, gen)) for i, (gen, _job) in enumerate(choices)]
+        try:
+            if reply.chat:
+                for i in range(len(choices)):
+                    yield sse(reply.chunk(role=True, index=i))
+            results: list[GenerationResult | None] = [None] * len(choices)
+            last: dict[str, Any] | None = None  # the last finish chunk, held to carry the verispec block
+            while any(r is None for r in results):
+                index, event = await merged.get()
                 if event[0] == "text":
-                    yield sse(reply.chunk(text=event[1], logprobs=event[2]))
+                    yield sse(reply.chunk(text=event[1], logprobs=event[2], index=index))
                     continue
                 if event[0] == "rejected":
                     yield sse(_rejection(event[1]).body())
@@ -365,23 +408,26 @@ def create_app(
                     continue
                 handle, tail, logprobs = event[1], event[2], event[3]
                 if tail or logprobs:
-                    yield sse(reply.chunk(text=tail, logprobs=logprobs))
+                    yield sse(reply.chunk(text=tail, logprobs=logprobs, index=index))
                 if (err := _failure(handle)) is not None:
                     yield sse(err.body())
                     yield sse("[DONE]")
                     return
-                result = handle.result
-                block = verispec_block(settings.rule, settings.gamma, result, engine.backends, settings.verifier)
-                last = reply.chunk(finish_reason=result.finish_reason)
-                if settings.include_usage:
+                results[index] = handle.result
+                if last is not None:
                     yield sse(last)
-                    last = reply.usage_chunk(result)
-                last["verispec"] = block
-                yield sse(last)
-                yield sse("[DONE]")
-                return
+                last = reply.chunk(finish_reason=handle.result.finish_reason, index=index)
+            done = [r for r in results if r is not None]
+            block = _block(settings, done)
+            if settings.include_usage:
+                yield sse(last)  # type: ignore[arg-type]
+                last = reply.usage_chunk(done)
+            last["verispec"] = block  # type: ignore[index]
+            yield sse(last)  # type: ignore[arg-type]
+            yield sse("[DONE]")
         finally:
-            if not gen.finished:
-                state.worker.cancel(job)
+            for t in tasks:
+                t.cancel()
+            _cancel(choices)
 
     return app

@@ -5,12 +5,13 @@ Supported fields (both endpoints): ``model``, ``temperature`` (default
 ``max_completion_tokens``), ``stop`` (a string or a list), ``seed`` (default: a fresh random seed per request),
 ``frequency_penalty``, ``presence_penalty``, ``logit_bias`` (token id -> bias in [-100, 100], applied to target and
 draft alike), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number of
-alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1 only),
+alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1-16 choices:
+rows of the batch, choice i sampled with seed + i),
 ``stream``, ``stream_options.include_usage``; the vLLM-style extensions ``top_k``, ``min_p``,
 ``repetition_penalty``; and verispec's own ``verification`` (``{"rule": NAME, "params": {...}, "verifier": "token"
 | "block", "logprobs_mode": "emitted" | "target"}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the
 official client sends through ``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on
-the output are accepted and ignored. Fields that would change what is generated or returned (``tools``, ``n`` > 1,
+the output are accepted and ignored. Fields that would change what is generated or returned (``tools``,
 ``best_of`` > 1, chat ``echo``, ``response_format`` other than text, ...) are refused with 400 naming the field,
 as is any field this server does not know.
 """
@@ -33,6 +34,7 @@ from verispec.runtime.engine import Engine
 from verispec.runtime.types import Request
 
 __all__ = [
+    "MAX_CHOICES",
     "MAX_GAMMA",
     "APIError",
     "ChatCompletionRequest",
@@ -45,6 +47,8 @@ __all__ = [
 
 #: the largest draft length a request may ask for
 MAX_GAMMA = 32
+#: the most choices (``n``) one request may ask for; each is a row of the batch and takes a concurrency slot
+MAX_CHOICES = 16
 
 
 class APIError(Exception):
@@ -124,7 +128,7 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-    n: StrictInt | None = None
+    n: StrictInt | None = Field(None, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     verification: Verification | None = None
@@ -179,9 +183,6 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
         if name in data and not ok(data[name]):
             raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_field")
         data.pop(name, None)
-    if data.get("n") not in (None, 1):
-        raise APIError(400, f"n must be 1 (one choice per request), got {data['n']!r}", param="n",
-                       code="unsupported_field")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -221,6 +222,8 @@ class Settings:
     logprobs: int | None = None
     logprobs_mode: str = "emitted"
     echo: bool = False
+    #: choices; choice i is generated with ``seed + i``
+    n: int = 1
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -260,7 +263,7 @@ class Settings:
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
-                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)))
+                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1)
 
 
 def _logprobs(req: _Common) -> int | None:

@@ -47,8 +47,9 @@ def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult
     }
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
-    p, c = len(result.prompt_ids), len(result.token_ids)
+def usage(results: Sequence[GenerationResult]) -> dict[str, int]:
+    """Token counts of a response: the prompt once, the completion tokens of every choice."""
+    p, c = len(results[0].prompt_ids), sum(len(r.token_ids) for r in results)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -102,31 +103,33 @@ class Reply:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: str, result: GenerationResult, block: dict[str, Any],
-             logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The non-streamed response."""
+    def choice(self, index: int, text: str, finish_reason: str, logprobs: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+        """One choice of a non-streamed response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._head("text_completion")
-        return {**body, "choices": [choice], "usage": usage(result), "verispec": block}
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def full(self, choices: list[dict[str, Any]], results: Sequence[GenerationResult], block: dict[str, Any]
+             ) -> dict[str, Any]:
+        """The non-streamed response: its choices (:meth:`choice`), usage over every choice, the verispec block."""
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        return {**body, "choices": choices, "usage": usage(results), "verispec": block}
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
-              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A stream chunk with one choice: a text delta (with its tokens' logprobs), the opening role (chat) or
-        the finish reason."""
+              logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+        """A stream chunk of choice ``index``: a text delta (with its tokens' logprobs), the opening role (chat)
+        or the finish reason."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
+    def usage_chunk(self, results: Sequence[GenerationResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage(result)}
+        return {**self._head(obj), "choices": [], "usage": usage(results)}
