@@ -306,6 +306,31 @@ def test_n_choices_are_rows_with_their_own_seeds(server, reference):
     assert texts == [x.text for x in chat_refs] and finished == {0, 1}
 
 
+def test_response_format_constrains_what_is_served(server, reference):
+    """A regex response_format (the toy alphabet has no braces for JSON): chat and completions, streamed or not,
+    serve the engine's own constrained output, which matches the regex."""
+    import re
+
+    c = client(server)
+    fmt = {"type": "regex", "regex": "(ab|ba|cc)[abc]"}
+    msgs = [{"role": "user", "content": "hello"}]
+    for temperature, seed in ((0.0, 1), (1.0, 4)):
+        cfg = SamplingConfig(temperature=temperature)
+        ref = reference.generate("hello", chat=True, sampling=cfg, max_new_tokens=3, seed=seed, gamma=3,
+                                 response_format=fmt)
+        assert re.fullmatch(fmt["regex"], ref.text)
+        r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, temperature=temperature, seed=seed,
+                                      response_format=fmt, extra_body={"speculative": {"gamma": 3}})
+        assert r.choices[0].message.content == ref.text
+        text, _, _ = collect_stream(c.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=3, temperature=temperature, seed=seed, response_format=fmt,
+            stream=True, extra_body={"speculative": {"gamma": 3}}))
+        assert text == ref.text
+    r = c.completions.create(model=MODEL, prompt="hello", max_tokens=3, temperature=1.0, seed=2,
+                             extra_body={"response_format": fmt})
+    assert re.fullmatch(fmt["regex"], r.choices[0].text)
+
+
 def test_per_request_rule_reaches_the_verifier(server, reference):
     """The rule sent in extra_body is the one that ran: the response names it, and its counters equal the engine's
     own run with that rule, which differ from lossless (greedy: CoS-WE accepts drafts lossless refuses; T = 1:
@@ -455,8 +480,12 @@ BAD = [
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"-2": 1}}, 400, "integers >= 0", "logit_bias"),
     ("/v1/completions", {**COMP, "logit_bias": {"64": 1}}, 400, "token 64 is outside the vocabulary [0, 64)",
      "logit_bias"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400,
-     "response_format is not supported", "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400,
+     "response_format.type must be one of", "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "regex", "regex": "(ab"}}, 400,
+     "the grammar does not compile", "response_format"),
+    ("/v1/completions", {**COMP, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}},
+     400, "response_format", "response_format"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": 1}, 400, "unknown field 'frobnicate'", "frobnicate"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages", "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400,

@@ -261,6 +261,7 @@ def generate(
     logit_bias: dict[int, float] | None = None,
     logprobs: int | None = None,
     logprobs_mode: str = "emitted",
+    response_format: dict | None = None,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     stop: Sequence[str] = (),
     seed: int = 0,
@@ -278,6 +279,8 @@ def generate(
     [-100, 100] added to that token's logit, for the target and the draft alike. ``logprobs``: each generated
     token's log-probability and that many alternatives in ``result.logprobs``, under ``logprobs_mode`` ("emitted":
     the law it was emitted from, the rule's exact induced law under a lossy rule; "target": the target's p).
+    ``response_format``: structured output, e.g. ``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
+    ``{"type": "json_object"}``, ``{"type": "regex", "regex": "..."}`` (:mod:`verispec.runtime.grammar`).
 
     Returns text, token ids, finish_reason ("stop" or "length") and metrics (BE, tokens/round, timings).
     """
@@ -308,5 +311,6 @@ def generate(
         verifier=verifier,
         logprobs=logprobs,
         logprobs_mode=logprobs_mode,
+        response_format=response_format,
     )
 

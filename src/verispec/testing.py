@@ -115,6 +115,13 @@ class ToyTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(self.alphabet[int(i) % len(self.alphabet)] for i in ids)
 
+    #: the grammar's end token for structured output (the toy engine itself stops on no token): the newline
+    grammar_end_id = 63
+
+    def token_bytes(self) -> list[bytes]:
+        """Every id's bytes (what the grammar library matches against)."""
+        return [c.encode() for c in self.alphabet]
+
 
 def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True) -> Any:
     """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer` behind ``drafter`` (model, tree,

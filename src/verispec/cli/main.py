@@ -344,6 +344,10 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as tokens are committed, or wait for the whole answer.")
+@click.option("--response-format", "response_format", default=None, metavar="JSON",
+              help='Structured output, as the server takes it: \'{"type": "json_object"}\', \'{"type": '
+                   '"json_schema", "json_schema": {"schema": {...}}}\', \'{"type": "regex", "regex": "..."}\' or '
+                   '\'{"type": "grammar", "grammar": "<Lark>"}\'; applied to target and draft alike.')
 @click.option("--logprobs", "logprobs", default=None, type=click.IntRange(0, MAX_TOP_LOGPROBS),
               help="With --json: each generated token's log-probability and this many alternatives.")
 @click.option("--logprobs-mode", type=click.Choice(LOGPROBS_MODES), default="emitted", show_default=True,
@@ -357,8 +361,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
              logit_bias: tuple[str, ...], max_new_tokens: int, stop: tuple[str, ...], seed: int, dtype: str,
-             threads: int | None, device: str, stream: bool, logprobs: int | None, logprobs_mode: str,
-             as_json: bool) -> None:
+             threads: int | None, device: str, stream: bool, response_format: str | None, logprobs: int | None,
+             logprobs_mode: str, as_json: bool) -> None:
     """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair).
 
     The text is printed as tokens are committed (never past a stop string) unless --no-stream or --json; then
@@ -390,7 +394,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
                              drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend)
         request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
                           stop=list(stop), seed=seed, chat=chat, verifier=verifier, logprobs=logprobs,
-                          logprobs_mode=logprobs_mode)
+                          logprobs_mode=logprobs_mode, response_format=_response_format(response_format))
         result = _run_streaming(engine, request, echo=stream and not as_json)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
@@ -408,6 +412,19 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s; " + _describe(engine.backends),
         err=True,
     )
+
+
+def _response_format(text: str | None) -> dict | None:
+    """``--response-format`` JSON -> the object; ValueError naming a malformed one."""
+    if text is None:
+        return None
+    try:
+        fmt = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--response-format is not valid JSON: {exc}") from None
+    if not isinstance(fmt, dict):
+        raise ValueError("--response-format must be a JSON object, e.g. '{\"type\": \"json_object\"}'")
+    return fmt
 
 
 def _logit_bias(items: tuple[str, ...]) -> dict[int, float] | None:

@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from verispec.backends.base import chain_parents, is_chain
+from verispec.core.constraint import Constraint
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
 from verispec.core.schedule import AdaptiveGamma
@@ -98,6 +99,9 @@ class DraftRequest:
     generator: torch.Generator | None = None
     history: History | None = None
     untempered_q: bool = False
+    #: structured output: the row's token constraint, applied to q at every drafted prefix as the verifier
+    #: applies it to p (:mod:`verispec.core.constraint`)
+    constraint: Constraint | None = None
 
 
 class Drafter(Protocol):
@@ -206,7 +210,15 @@ class BaseDrafter:
 
     # -- rounds ----------------------------------------------------------------------------------------------
     def propose(self, requests: Sequence[DraftRequest]) -> list[Proposal]:
-        return self.draft(requests, self.lengths(requests))
+        """This round's proposals; a token-only chain under a constraint keeps its allowed prefix only (a model
+        draft samples the constrained q, so every token it drafts is allowed)."""
+        props = self.draft(requests, self.lengths(requests))
+        for req, prop in zip(requests, props, strict=True):
+            if req.constraint is not None and prop.q is None and prop.is_chain and len(prop):
+                keep = req.constraint.valid_prefix(prop.tokens)
+                if keep < len(prop):
+                    prop.tokens, prop.parents = prop.tokens[:keep], prop.parents[:keep]  # type: ignore[index]
+        return props
 
     def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         raise NotImplementedError

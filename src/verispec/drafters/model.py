@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
+from verispec.core.constraint import constrain_logits
 from verispec.core.sampling import adjust_logits, process
 from verispec.core.verify.chain import sample_categorical
 from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
@@ -60,6 +61,8 @@ class ModelDrafter(BaseDrafter):
             reqs = [ScoreRequest(self._brow[requests[i].key], requests[i].ids + tokens[i]) for i in live]
             for i, logits in zip(live, self.backend.score(reqs), strict=True):
                 req, lg = requests[i], logits[0]
+                if req.constraint is not None:
+                    lg = constrain_logits(lg.unsqueeze(0), [req.constraint.allowed(tokens[i])])[0]
                 if self.greedy or req.cfg.greedy:
                     # every processor and rule's draft transform keeps the argmax: q is needed only on request
                     tok = int((adjust_logits(lg, req.cfg, hist[i]) if req.cfg.adjusts_logits else lg).argmax())

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
+from verispec.core.constraint import constrain_logits
 from verispec.core.sampling import History, process
 from verispec.core.schedule import AdaptiveGamma, BlockLen
 from verispec.core.verify.chain import sample_categorical
@@ -216,6 +217,9 @@ class TreeDrafter(ModelDrafter):
             hist = None
             if req.history is not None and req.cfg.uses_history:
                 hist = req.history.extended([t.tokens[n] for n in t.path(node)])
+            if req.constraint is not None:
+                mask = req.constraint.allowed([t.tokens[n] for n in t.path(node)])
+                logits = constrain_logits(logits.unsqueeze(0), [mask])[0]
             q = self._dist(logits, req, hist)
             kids = self._draw(q, t.width, req.generator) if sample else self._top(q, t.width)
             base_lp = t.logp[node] if node >= 0 else 0.0

@@ -18,17 +18,18 @@ convenience that runs one prompt or a list of prompts to completion through it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from verispec.backends.base import Backend, ScoreRequest
+from verispec.core.constraint import constrain_logits
 from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig, adjust_logits, process
 from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
-from verispec.core.verify.tree import TokenTree, check_tree_rule, verify_tree
+from verispec.core.verify.tree import TokenTree, check_tree_rule, tree_path, verify_tree
 from verispec.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_VERIFIER,
@@ -38,6 +39,7 @@ from verispec.defaults import (
     check_verifier,
 )
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
+from verispec.runtime.grammar import GrammarCompiler
 from verispec.runtime.scheduler import Scheduler
 from verispec.runtime.text import find_stop
 from verispec.runtime.types import GenerationResult, Metrics, Request, Row, TokenLogprob
@@ -63,6 +65,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = {int(t) for t in eos_token_ids}
         self._next_key = 0
+        self._grammar: GrammarCompiler | None = None
 
     @property
     def backends(self) -> dict[str, str | None]:
@@ -124,7 +127,16 @@ class Engine:
             if self.proposes_trees and not rule.lossless and req.logprobs_mode == "emitted" and not cfg.greedy:
                 raise ValueError("logprobs of the emitted law under a lossy rule are computed for chains; with a tree "
                                  "drafter ask for logprobs_mode 'target'")
+        if req.response_format is not None:
+            self.grammar.grammar(req.response_format)  # ValueError naming response_format
         return rule, cfg, self._check_prompt(req.prompt, req.chat)
+
+    @property
+    def grammar(self) -> GrammarCompiler:
+        """The tokenizer's grammar compiler for structured output (built on first use: about a second)."""
+        if self._grammar is None:
+            self._grammar = GrammarCompiler(self.tokenizer, self.target.vocab_size, sorted(self.eos_token_ids))
+        return self._grammar
 
     def start(self, req: Request, prepared: tuple[Rule, SamplingConfig, list[int]] | None = None) -> Row:
         """Validate a request (unless ``prepared`` by :meth:`prepare`) and allocate its row in the target and the
@@ -135,6 +147,8 @@ class Engine:
         self._next_key += 1
         row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, self.target.add_row())
         row.prompt_logprobs = scored
+        if req.response_format is not None:
+            row.constraint = self.grammar.constraint(req.response_format)
         if self.drafter is not None:
             self.drafter.add_row(key, req.gamma)
         return row
@@ -210,7 +224,8 @@ class Engine:
             for r in rows:
                 max_len = max(min(r.request.max_new_tokens - len(r.new) - 1, limit - len(r.ids) - 1), 0)
                 untempered = r.cfg.greedy and not r.rule.lossless and r.request.greedy_lossy == "reference"
-                reqs.append(DraftRequest(r.key, r.ids, max_len, r.cfg, r.rule, r.generator, r.history, untempered))
+                reqs.append(DraftRequest(r.key, r.ids, max_len, r.cfg, r.rule, r.generator, r.history, untempered,
+                                         r.constraint))
             t0 = time.perf_counter()
             proposals = self.drafter.propose(reqs)
             draft_s = time.perf_counter() - t0
@@ -225,8 +240,9 @@ class Engine:
         out: dict[int, list[int]] = {}
         for r, prop, lg in zip(rows, proposals, logits, strict=True):
             t1 = time.perf_counter()
-            path, emitted, reached = self._verify(r, prop, lg.cpu())
-            lps = self._logprobs(r, prop, lg.cpu(), path, emitted) if r.logprobs is not None else None
+            lg = self._constrain(r, prop, lg.cpu())
+            path, emitted, reached = self._verify(r, prop, lg)
+            lps = self._logprobs(r, prop, lg, path, emitted) if r.logprobs is not None else None
             self.target.commit(r.target_row, path)
             if self.drafter is not None:
                 self.drafter.commit(r.key, prop, path)
@@ -234,6 +250,8 @@ class Engine:
             before = len(r.new)
             self._commit(r, emitted)
             appended = r.new[before:]
+            if r.constraint is not None:
+                r.constraint.commit(appended)
             if lps is not None:
                 r.logprobs.extend(lps[: len(appended)])  # type: ignore[union-attr]
             m = r.metrics
@@ -280,6 +298,20 @@ class Engine:
 
         res = verify_tree(r.rule, tree, dist, r.generator)
         return res.path, res.tokens, res.accepted + (1 if res.rejected else 0)
+
+    @staticmethod
+    def _constrain(r: Row, prop: Proposal, logits: torch.Tensor) -> torch.Tensor:
+        """The row's logits with each position's disallowed tokens at -inf (structured output): position i of a
+        chain follows the drafts before it; a tree's root, then node k, follows the path to node k."""
+        if r.constraint is None:
+            return logits
+        tokens = list(prop.tokens)
+        if prop.is_chain:
+            prefixes = [tokens[:i] for i in range(len(tokens) + 1)]
+        else:
+            paths = [[]] + [tree_path(list(prop.parents), k) for k in range(len(tokens))]  # type: ignore[arg-type]
+            prefixes = [[tokens[n] for n in path] for path in paths]
+        return constrain_logits(logits, [r.constraint.allowed(p) for p in prefixes])
 
     def _logprobs(self, r: Row, prop: Proposal, logits: torch.Tensor, path: list[int], emitted: list[int]
                   ) -> list[TokenLogprob]:
@@ -356,6 +388,7 @@ class Engine:
         logprobs: int | None | Sequence[int | None] = None,
         logprobs_mode: str | Sequence[str] = "emitted",
         prompt_logprobs: int | None | Sequence[int | None] = None,
+        response_format: Mapping[str, Any] | None | Sequence[Mapping[str, Any] | None] = None,
         batch_size: int | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
@@ -367,7 +400,9 @@ class Engine:
         or "block" (:mod:`verispec.core.verify.block`; lossless rules, chains). ``logprobs``: report each generated
         token's log-probability and that many alternatives (``result.logprobs``), under ``logprobs_mode`` (see
         :class:`Request`). ``prompt_logprobs``: each prompt token's log-probability under the target
-        (``result.prompt_logprobs``, :meth:`prompt_logprobs`).
+        (``result.prompt_logprobs``, :meth:`prompt_logprobs`). ``response_format``: structured output (a JSON
+        schema, any JSON object, a regex or a Lark grammar; :mod:`verispec.runtime.grammar`), a constraint on
+        target and draft alike.
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
@@ -387,6 +422,7 @@ class Engine:
             "logprobs": _per_row("logprobs", logprobs, n, (int, type(None))),
             "logprobs_mode": _per_row("logprobs_mode", logprobs_mode, n, (str,)),
             "prompt_logprobs": _per_row("prompt_logprobs", prompt_logprobs, n, (int, type(None))),
+            "response_format": _per_row("response_format", response_format, n, (Mapping, type(None))),
         }
         requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
         if single:

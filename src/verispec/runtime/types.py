@@ -5,11 +5,13 @@ the scheduler, the server and the harness, so none of them needs another to name
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
+from verispec.core.constraint import Constraint
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
 from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER
@@ -194,6 +196,9 @@ class Request:
     #: report each prompt token's log-probability given the tokens before it under the target's own distribution
     #: (temperature 1, no processors), with this many alternatives; None: no
     prompt_logprobs: int | None = None
+    #: structured output: ``{"type": "json_object" | "json_schema" | "regex" | "grammar" | "text", ...}``
+    #: (:mod:`verispec.runtime.grammar`); a constraint applied to target and draft alike
+    response_format: Mapping[str, Any] | None = None
 
 
 class Row:
@@ -213,6 +218,7 @@ class Row:
         self.start = time.perf_counter()
         self.logprobs: list[TokenLogprob] | None = [] if req.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None
+        self.constraint: Constraint | None = None
 
     @property
     def done(self) -> bool:

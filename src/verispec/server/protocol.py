@@ -12,8 +12,9 @@ rows of the batch, choice i sampled with seed + i),
 | "block", "logprobs_mode": "emitted" | "target"}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the
 official client sends through ``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on
 the output are accepted and ignored. Fields that would change what is generated or returned (``tools``,
-``best_of`` > 1, chat ``echo``, ``response_format`` other than text, ...) are refused with 400 naming the field,
-as is any field this server does not know.
+``best_of`` > 1, chat ``echo``, ...) are refused with 400 naming the field, as is any field this server does not
+know. ``response_format``: ``text``, ``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar``
+(Lark), a constraint on target and draft alike (:mod:`verispec.runtime.grammar`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
 from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, MAX_TOP_LOGPROBS, SERVING_GAMMA, check_verifier
 from verispec.runtime.engine import Engine
+from verispec.runtime.grammar import check_response_format
 from verispec.runtime.types import Request
 
 __all__ = [
@@ -77,7 +79,6 @@ UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "best_of": lambda v: _harmless(v) or v == 1,
     "echo": _harmless,
     "suffix": _harmless,
-    "response_format": lambda v: _harmless(v) or v == {"type": "text"},
     "audio": _harmless,
     "modalities": lambda v: _harmless(v) or v == ["text"],
     "prediction": _harmless,
@@ -128,6 +129,8 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
+    #: structured output (:mod:`verispec.runtime.grammar`): json_object, json_schema, text; regex, grammar
+    response_format: dict[str, Any] | None = None
     n: StrictInt | None = Field(None, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -224,6 +227,7 @@ class Settings:
     echo: bool = False
     #: choices; choice i is generated with ``seed + i``
     n: int = 1
+    response_format: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -263,7 +267,17 @@ class Settings:
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
-                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1)
+                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1,
+                   _response_format(req.response_format))
+
+
+def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The request's response_format, its shape checked (400 naming it); its grammar compiles on the worker."""
+    try:
+        check_response_format(fmt)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+    return None if fmt is None or fmt.get("type") == "text" else fmt
 
 
 def _logprobs(req: _Common) -> int | None:
@@ -360,6 +374,11 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             settings.sampling.check_vocab(vocab)
         except ValueError as exc:
             raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
+        if settings.response_format is not None:
+            try:
+                engine.grammar.grammar(settings.response_format)
+            except (ValueError, ImportError) as exc:
+                raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
         if engine.proposes_trees:
             try:
                 check_tree_rule(settings.rule)
@@ -388,6 +407,7 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
         return Request(ids, rule=settings.rule, sampling=settings.sampling, gamma=settings.gamma,
                        max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier,
                        logprobs=settings.logprobs, logprobs_mode=settings.logprobs_mode,
-                       prompt_logprobs=settings.logprobs if settings.echo else None)
+                       prompt_logprobs=settings.logprobs if settings.echo else None,
+                       response_format=settings.response_format)
 
     return build
