@@ -6,6 +6,7 @@ prompts, HumanEval) and each temperature (0 and 0.7), the contenders run alterna
 target weights and the same threads:
 
 - ``target-only``: the engine without a drafter (the path ``--no-draft`` takes), the anchor of every ratio;
+  ``target-only-again`` (llama.cpp) runs the same work once more: its ratio is the noise of the measurement;
 - ``<draft>-auto``: the pair's draft (the 0.5B model: transformers for the transformers target, its GGUF in
   llama.cpp for the llama.cpp target) under the adaptive schedule;
 - ``ngram-auto``: prompt lookup under the schedule (free drafts that pay on code);
@@ -99,6 +100,8 @@ def backends(th: int) -> dict[str, dict[str, Callable]]:
                 n_threads_batch=th, n_batch=512, verbose=False)
     out["llama.cpp"] = {
         "target-only": contender(Engine(lc.target, None, lc.tokenizer, eos), None),
+        # the same work again: its ratio to target-only is the measurement's own noise (an A/A comparison)
+        "target-only-again": contender(Engine(lc.target, None, lc.tokenizer, eos), None),
         "llamacpp-auto": contender(lc, "auto"),
         "ngram-auto": contender(Engine(lc.target, ng, lc.tokenizer, eos), "auto"),
         "hybrid-auto": contender(hy, "auto"),
@@ -183,15 +186,19 @@ def render(report: dict) -> str:
     for key, rows in report["results"].items():
         c = report.get("cells", {}).get(key)
         run = f" ({c['prompts']} prompts x {c['repeats']} repeats, finished {c['finished']})" if c else ""
+        both = any(r.get("vs_both_target_only_median") is not None for r in rows.values())
         out += [f"### {key}{run}", "",
-                "| contender | tok/s (median) | vs target-only (median, min) | acceptance | rounds per gamma | "
-                "greedy = target-only |", "|---|---|---|---|---|---|"]
+                "| contender | tok/s (median) | vs target-only (median, min) | "
+                + ("vs both target-only runs (median) | " if both else "")
+                + "acceptance | rounds per gamma | greedy = target-only |",
+                "|---|---|---|" + ("---|" if both else "") + "---|---|---|"]
         for name, r in rows.items():
             same = r["greedy_same_as_target_only"]
             acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
             gam = ", ".join(f"{g}: {n}" for g, n in r["gamma_counts"].items()) or "-"
+            extra = f"{r['vs_both_target_only_median']:.2f}x | " if both else ""
             out.append(f"| {name} | {r['tokens_per_s_median']:.2f} | {r['vs_target_only_median']:.2f}x, "
-                       f"{r['vs_target_only_min']:.2f}x | {acc} | {gam} | "
+                       f"{r['vs_target_only_min']:.2f}x | {extra}{acc} | {gam} | "
                        f"{'-' if same is None else f'{sum(same)}/{len(same)}'} |")
         out.append("")
     return "\n".join(out)
@@ -205,6 +212,7 @@ def write(report: dict) -> None:
 
 def table(key: str, runs: dict[str, list[dict]], cfg: SamplingConfig) -> dict:
     anchor = runs["target-only"]
+    again = runs.get("target-only-again")
     rows = {}
     for name, rs in runs.items():
         gammas: Counter = Counter()
@@ -217,6 +225,11 @@ def table(key: str, runs: dict[str, list[dict]], cfg: SamplingConfig) -> dict:
                 (r["tokens"] / r["seconds"]) / (a["tokens"] / a["seconds"]) for r, a in zip(rs, anchor, strict=True)),
             "vs_target_only_min": min(
                 (r["tokens"] / r["seconds"]) / (a["tokens"] / a["seconds"]) for r, a in zip(rs, anchor, strict=True)),
+            # with the A/A contender: the ratio to the mean rate of the two target-only runs of the same prompt
+            "vs_both_target_only_median": None if again is None else statistics.median(
+                (r["tokens"] / r["seconds"]) / ((a["tokens"] / a["seconds"] + b["tokens"] / b["seconds"]) / 2)
+                for r, a, b in zip(rs, anchor, again, strict=True)),
+            "runs": [{"tokens": r["tokens"], "seconds": r["seconds"]} for r in rs],
             "acceptance": sum(r["accepted"] for r in rs) / drafted if drafted else None,
             "gamma_counts": dict(sorted(gammas.items())),
             "greedy_same_as_target_only": ([r["ids"] == a["ids"] for r, a in zip(rs, anchor, strict=True)]

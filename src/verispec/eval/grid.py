@@ -10,6 +10,8 @@ A config (see ``configs/*.toml``)::
     pair_baselines = true       # add each lossy method's matched baseline to the grid (default true)
     coupling = "common"         # "common" (default): all methods of a (problem, seed) share random numbers;
                                 # "independent": each method draws its own (see below)
+    verifier = "token"          # "token" (default) or "block": block verification of every chain (lossless
+                                # methods only; compare with a second run of the same grid at "token")
 
     [sampling]                  # optional, other SamplingConfig fields applied to target and draft
     top_p = 0.95
@@ -92,11 +94,13 @@ from verispec.defaults import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     DEFAULT_TEMPERATURE,
+    DEFAULT_VERIFIER,
     DTYPES,
     PAPER_SEEDS,
     SWEEP_MAX_NEW_TOKENS,
     TARGET_BACKENDS,
     check_pairing,
+    check_verifier,
     drafter_spec,
 )
 from verispec.defaults import DRAFTERS as _DRAFTER_SPECS
@@ -154,7 +158,7 @@ DRAFTERS = tuple(_DRAFTER_SPECS)
 DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if spec.uses_draft_model)
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
-             "tasks", "methods", "baseline_draft_truncation", "coupling"}
+             "tasks", "methods", "baseline_draft_truncation", "coupling", "verifier"}
 _MODEL_KEYS = {"target", "draft", "drafter", "target_backend", "dtype", "threads", "device"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens", "options"}
 _METHOD_KEYS = {"rule", "params"}
@@ -302,6 +306,8 @@ class SweepConfig:
     pair_baselines: bool = True
     baseline_draft_truncation: str = "none"
     coupling: str = "common"
+    #: how every chain is verified (:data:`verispec.defaults.VERIFIERS`)
+    verifier: str = DEFAULT_VERIFIER
     raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
 
     @property
@@ -341,6 +347,8 @@ class SweepConfig:
         # only where set, so result lines of runs without task options keep their former settings
         if task is not None and self.task_options(task):
             out["task_options"] = self.task_options(task)
+        if self.verifier != DEFAULT_VERIFIER:
+            out["verifier"] = self.verifier
         return out
 
     def baseline_of(self, method: MethodSetting) -> MethodSetting:
@@ -391,6 +399,7 @@ class SweepConfig:
             pair_baselines=d.get("pair_baselines", True),
             baseline_draft_truncation=d.get("baseline_draft_truncation", LEGACY_DRAFT_TRUNCATION),
             coupling=d.get("coupling", LEGACY_COUPLING),
+            verifier=d.get("verifier", DEFAULT_VERIFIER),
         )
 
     def restricted(self, limit: int | None = None, tasks: Sequence[str] | None = None,
@@ -489,6 +498,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     if coupling not in COUPLINGS:
         raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {coupling!r}")
     methods = tuple(expand_methods(raw, pair, draft_truncation))
+
     seeds = data.get("seeds", PAPER_SEEDS)
     seeds = tuple(_int("seed", s, 0) for s in ([seeds] if isinstance(seeds, int) else seeds))
     if not seeds or len(set(seeds)) != len(seeds):
@@ -504,6 +514,12 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     if target_backend not in TARGET_BACKENDS:
         raise ValueError(f"target_backend must be one of {', '.join(TARGET_BACKENDS)}, got {target_backend!r}")
     check_pairing(drafter, target_backend)
+    verifier = str(data.get("verifier", DEFAULT_VERIFIER))
+    for m in methods:
+        try:
+            check_verifier(verifier, m.lossless, drafter_spec(drafter).proposes_trees)
+        except ValueError as exc:
+            raise ValueError(f"verifier: {exc} (method {m.label})") from None
     dtype = str(models.get("dtype", SweepConfig.dtype))
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
@@ -527,6 +543,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         pair_baselines=pair,
         baseline_draft_truncation=draft_truncation,
         coupling=coupling,
+        verifier=verifier,
         raw_methods=tuple(raw),
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec import api
-from verispec.defaults import DEFAULT_BATCH_SIZE
+from verispec.defaults import DEFAULT_BATCH_SIZE, DEFAULT_VERIFIER
 from verispec.eval.grid import SweepConfig, WorkUnit, expand, load_config, shard_units
 from verispec.eval.store import (
     SCHEMA,
@@ -111,7 +111,7 @@ def encode_problem(engine: Any, problem: Problem) -> list[int]:
 def unit_request(unit: WorkUnit, cfg: SweepConfig, prompt_ids: list[int]) -> Request:
     """The engine request of one unit: its rule, the sweep's sampling settings, its own seed."""
     return Request(prompt_ids, rule=cfg.build(unit.method), sampling=cfg.sampling_config(), gamma=cfg.gamma,
-                   max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed)
+                   max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed, verifier=cfg.verifier)
 
 
 def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: SweepConfig,
@@ -120,7 +120,7 @@ def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: Swee
     ids = prompt_ids if prompt_ids is not None else encode_problem(engine, problem)
     req = unit_request(unit, cfg, ids)
     res = engine.generate(ids, rule=req.rule, sampling=req.sampling, gamma=req.gamma,
-                          max_new_tokens=req.max_new_tokens, seed=req.seed)
+                          max_new_tokens=req.max_new_tokens, seed=req.seed, verifier=req.verifier)
     return unit_record(unit, task, problem, cfg, ids, res)
 
 
@@ -224,6 +224,9 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     # runs made before the option existed shared the random numbers across methods ("common")
     if old.get("coupling", "common") != new.get("coupling", "common"):
         diff.append(f"coupling {old.get('coupling', 'common')!r} vs {new.get('coupling', 'common')!r}")
+    # runs made before the option existed verified token by token
+    if old.get("verifier", DEFAULT_VERIFIER) != new.get("verifier", DEFAULT_VERIFIER):
+        diff.append(f"verifier {old.get('verifier', DEFAULT_VERIFIER)!r} vs {new.get('verifier', DEFAULT_VERIFIER)!r}")
     if cfg.uses_draft and old.get("draft") != new.get("draft"):
         diff.append("draft")
     old_tasks = {t["name"]: t for t in old.get("tasks", [])}

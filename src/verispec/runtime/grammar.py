@@ -23,16 +23,19 @@ end; a grammar that cannot go on allows only them. A grammar the library cannot 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["GrammarCompiler", "GrammarConstraint", "RESPONSE_FORMATS", "check_response_format"]
+__all__ = ["CACHED", "GrammarCompiler", "GrammarConstraint", "RESPONSE_FORMATS", "check_response_format"]
 
 #: the ``response_format`` types understood here
 RESPONSE_FORMATS = ("text", "json_object", "json_schema", "regex", "grammar")
+#: validated grammars kept per compiler (least recently used dropped first)
+CACHED = 64
 
 
 def check_response_format(fmt: Mapping[str, Any] | None) -> None:
@@ -79,6 +82,7 @@ class GrammarCompiler:
         except ImportError as exc:  # a declared dependency; this is for a broken install
             raise ImportError("structured output needs llguidance (pip install llguidance)") from exc
         self._ll = llguidance
+        self._grammars: OrderedDict[str, str | None] = OrderedDict()
         self.vocab_size = vocab_size
         eos = [int(t) for t in eos_ids] or [int(getattr(tokenizer, "grammar_end_id", vocab_size - 1))]
         self.eos_ids = eos
@@ -94,8 +98,23 @@ class GrammarCompiler:
                              "is not one")
 
     def grammar(self, fmt: Mapping[str, Any]) -> str | None:
-        """llguidance's grammar for a ``response_format`` (None for text); ValueError naming what is wrong."""
+        """llguidance's grammar for a ``response_format`` (None for text); ValueError naming what is wrong.
+        Validated grammars are kept (the last :data:`CACHED` formats), so a schema sent again compiles once."""
         check_response_format(fmt)
+        try:
+            key = json.dumps(fmt, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"response_format is not JSON: {exc}") from None
+        if key in self._grammars:
+            self._grammars.move_to_end(key)
+            return self._grammars[key]
+        grammar = self._compile(fmt)
+        self._grammars[key] = grammar
+        if len(self._grammars) > CACHED:
+            self._grammars.popitem(last=False)
+        return grammar
+
+    def _compile(self, fmt: Mapping[str, Any]) -> str | None:
         m, kind = self._ll.LLMatcher, fmt["type"]
         try:
             if kind == "text":
