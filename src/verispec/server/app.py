@@ -330,17 +330,26 @@ def create_app(
                 _cancel(choices[:k])
                 raise APIError(503, str(exc), code="shutting_down") from None
         for gen, job in choices:
-            first = await _next_event(gen, request, job, state)
-            if first is None:
-                _cancel(choices)
+            if await _wait(request, choices, gen, job, ("admitted", "text", "done")) is None:
                 return Response(status_code=499)
-            if first[0] == "rejected":
-                _cancel(choices)
-                raise _rejection(first[1])
         reply = Reply(chat, state.model_name)
         if settings.stream:
             return _EventStream(_stream(choices, reply, settings), headers={"Cache-Control": "no-cache"})
         return await _complete(request, choices, reply, settings)
+
+    async def _wait(request: Request, choices: list[tuple[Generation, Job]], gen: Generation, job: Job,
+                    kinds: tuple[str, ...]) -> tuple | None:
+        """The next event of ``gen`` of one of ``kinds`` (None: the client left); a rejection cancels every choice
+        and raises its error."""
+        while True:
+            event = await _next_event(gen, request, job, state)
+            if event is None or event[0] == "rejected":
+                _cancel(choices)
+                if event is None:
+                    return None
+                raise _rejection(event[1])
+            if event[0] in kinds:
+                return event
 
     def _cancel(choices: list[tuple[Generation, Job]]) -> None:
         for gen, job in choices:
@@ -358,16 +367,9 @@ def create_app(
                         settings: Settings) -> Response:
         results, bodies = [], []
         for index, (gen, job) in enumerate(choices):
-            while True:
-                event = await _next_event(gen, request, job, state)
-                if event is None:
-                    _cancel(choices)
-                    return Response(status_code=499)
-                if event[0] == "rejected":
-                    _cancel(choices)
-                    raise _rejection(event[1])
-                if event[0] == "done":
-                    break
+            event = await _wait(request, choices, gen, job, ("done",))
+            if event is None:
+                return Response(status_code=499)
             handle: Handle = event[1]
             if (err := _failure(handle)) is not None:
                 _cancel(choices)
