@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -242,6 +243,23 @@ async def _next_event(gen: Generation, request: Request, job: Job, state: Server
                 return None
 
 
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document with the request bodies the endpoints parse themselves (they read the raw body to
+    answer OpenAI-style errors), so clients and fuzzers see every field."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
+        ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+        doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    app.openapi_schema = doc
+    return doc
+
+
 def create_app(
     engine: Engine,
     model_name: str = "verispec",
@@ -267,6 +285,7 @@ def create_app(
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
