@@ -152,6 +152,7 @@ class GrammarConstraint:
     def __init__(self, matcher: Any, vocab_size: int, eos_ids: Sequence[int]) -> None:
         self.matcher, self.vocab_size = matcher, vocab_size
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
+        self._eos_set = {int(t) for t in eos_ids}
         self._cache: dict[tuple[int, ...], torch.Tensor | None] = {}
         self.ended = False  # an end token was emitted
 
@@ -167,7 +168,7 @@ class GrammarConstraint:
         key = tuple(int(t) for t in prefix)
         if key in self._cache:
             return self._cache[key]
-        eos = set(self.eos.tolist())
+        eos = self._eos_set
         end = next((i for i, t in enumerate(key) if t in eos), None)
         body = key if end is None else key[:end]
         if self.ended and end is None:
@@ -187,7 +188,7 @@ class GrammarConstraint:
         return out
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
-        eos = set(self.eos.tolist())
+        eos = self._eos_set
         toks = [int(t) for t in tokens]
         if self.ended:  # only end tokens remain allowed
             return next((i for i, t in enumerate(toks) if t not in eos), len(toks))
@@ -206,7 +207,7 @@ class GrammarConstraint:
 
     def commit(self, tokens: Sequence[int]) -> None:
         self._cache.clear()
-        eos = set(self.eos.tolist())
+        eos = self._eos_set
         for t in tokens:
             if self.ended or int(t) in eos:
                 self.ended = True
