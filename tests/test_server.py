@@ -421,6 +421,22 @@ def test_client_killed_mid_stream_frees_its_slot(server):
     assert len(r.choices[0].text) == 5
 
 
+def test_budget_reaches_the_verifier(server, reference):
+    """``verification.budget``: the response's verispec block reports the spent budget and each token's parameter
+    and distance, equal to the engine's own run with that budget."""
+    body = {**COMP, "prompt": "budget please", "max_tokens": 24, "temperature": 1.0, "seed": 5,
+            "verification": {"rule": "lenience", "budget": {"tv": 0.05, "tv_total": 0.5}},
+            "speculative": {"gamma": 4}}
+    status, r = post(server, "/v1/completions", body)
+    assert status == 200, r
+    got = r["verispec"]["metrics"]["budget"]
+    ref = reference.generate("budget please", rule="lenience", budget={"tv": 0.05, "tv_total": 0.5}, gamma=4,
+                             seed=5, sampling=SamplingConfig(temperature=1.0), max_new_tokens=24)
+    assert got["budget"] == {"tv": 0.05, "tv_total": 0.5} and got["param"] == "l"
+    assert got["theta"] == pytest.approx(ref.metrics.budget["theta"]) and got["spent"] <= 0.5 + 1e-12
+    assert len(got["tv"]) == r["usage"]["completion_tokens"] and max(got["tv"]) <= 0.05 + 1e-12
+
+
 # ------------------------------------------------------------------------------------------- bad input
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -456,6 +472,12 @@ BAD = [
      400, "verifies the lossless law", "verification.verifier"),
     ("/v1/completions", {**COMP, "verification": {"verifier": "blocky"}}, 400, "unknown verifier 'blocky'",
      "verification.verifier"),
+    ("/v1/completions", {**COMP, "verification": {"rule": "lossless", "budget": {"tv": 0.1}}}, 400,
+     "rule 'lossless' has no budget", "verification.budget"),
+    ("/v1/completions", {**COMP, "verification": {"rule": "lenience", "budget": {"tv": 1.5}}}, 400,
+     "budget tv must be in [0, 1]", "verification.budget"),
+    ("/v1/completions", {**COMP, "verification": {"rule": "cos-we", "budget": {"kl": 0.1}}}, 400,
+     "unknown field(s) kl", "verification.budget"),
     ("/v1/completions", {**COMP, "speculative": {"gamma": -1}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gamma": 1000}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gama": 3}}, 400, "unknown field 'speculative.gama'",

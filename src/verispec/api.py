@@ -262,6 +262,7 @@ def generate(
     logprobs: int | None = None,
     logprobs_mode: str = "emitted",
     response_format: dict | None = None,
+    budget: dict | str | None = None,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     stop: Sequence[str] = (),
     seed: int = 0,
@@ -281,6 +282,9 @@ def generate(
     the law it was emitted from, the rule's exact induced law under a lossy rule; "target": the target's p).
     ``response_format``: structured output, e.g. ``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
     ``{"type": "json_object"}``, ``{"type": "regex", "regex": "..."}`` (:mod:`verispec.runtime.grammar`).
+    ``budget``: a divergence budget for ``rule="lenience"`` or ``"cos-we"``, ``{"tv": 0.05}`` (every position's
+    induced law within TV 0.05 of the target's, the most relaxed parameter that fits chosen per position, exactly)
+    and / or ``{"tv_total": B}`` (the whole sequence's law within TV B); ``result.metrics.budget`` reports it.
 
     Returns text, token ids, finish_reason ("stop" or "length") and metrics (BE, tokens/round, timings).
     """
@@ -312,5 +316,6 @@ def generate(
         logprobs=logprobs,
         logprobs_mode=logprobs_mode,
         response_format=response_format,
+        budget=budget,
     )
 

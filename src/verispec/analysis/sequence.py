@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from verispec.core.rules import Rule, get
+from verispec.core.rules.budget import Budget, budgeted, choose, family_of
 from verispec.core.verify.block import block_acceptance, block_residual, block_weights
 from verispec.defaults import VERIFIERS, check_verifier
 
@@ -52,6 +53,43 @@ def _token_round(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int,
                 out[path + (x,)] = out.get(path + (x,), 0.0) + prob * reject * float(r[x])
 
     rec((), 1.0, 0)
+    return out
+
+
+def _budget_round(rule: Rule, budget: Budget, p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...],
+                  spent: float, left: int) -> dict[tuple[int, ...], tuple[float, float]]:
+    """One round under a divergence budget, as the engine runs it: at draft index k the rule's family with the
+    most relaxed parameter within ``budget.allowance(spent, left - k)`` of p. Values: (probability, spent after
+    the round); the spent budget is a function of the emitted tokens (each emitted position adds its TV)."""
+    fam = family_of(rule)
+    out: dict[tuple[int, ...], tuple[float, float]] = {}
+
+    def add(key: tuple[int, ...], pr: float, sp: float) -> None:
+        old = out.get(key, (0.0, sp))
+        out[key] = (old[0] + pr, sp)
+
+    def rec(path: tuple[int, ...], prob: float, k: int, sp: float) -> None:
+        if prob == 0.0:
+            return
+        pre = prefix + path
+        p = p_fn(pre).to(torch.float64)
+        if k == g:  # bonus (or a target-only step): lossless, distance 0
+            for x in torch.nonzero(p > 0).flatten().tolist():
+                add(path + (x,), prob * float(p[x]), sp)
+            return
+        q = q_fn(pre).to(torch.float64)
+        theta, tv = choose(fam.rule, p, q, budget.allowance(sp, left - k))
+        at = budgeted(fam.rule, theta)
+        h, r = at.acceptance(p, q), at.correction(p, q)
+        accept, reject = q * h, float((q * (1 - h)).sum())
+        sp = sp + float(tv)
+        for x in torch.nonzero(accept > 0).flatten().tolist():
+            rec(path + (x,), prob * float(accept[x]), k + 1, sp)
+        if reject > 0:
+            for x in torch.nonzero(r > 0).flatten().tolist():
+                add(path + (x,), prob * reject * float(r[x]), sp)
+
+    rec((), 1.0, 0, spent)
     return out
 
 
@@ -118,17 +156,20 @@ def sequence_distribution(
     length: int,
     prompt: tuple[int, ...] = (),
     verifier: str = "token",
+    budget: Budget | None = None,
 ) -> dict[tuple[int, ...], float]:
     """Exact probability of every continuation of ``length`` tokens after ``prompt``.
 
     ``p_fn(prefix)`` / ``q_fn(prefix)`` return the processed target / draft distributions (float64, [V]) for
     the next token after ``prefix`` (the full sequence so far). ``q_fn=None`` means the target alone (gamma 0).
     ``verifier``: "token" (the rule, token by token) or "block" (:mod:`verispec.core.verify.block`).
+    ``budget``: a divergence budget on the rule's family (:mod:`verispec.core.rules.budget`), with ``length`` as
+    the request's max_new_tokens, exactly as the engine spends it.
     """
     rule = get(rule) if isinstance(rule, str) else rule
     out: dict[tuple[int, ...], float] = {}
 
-    def walk(prefix: tuple[int, ...], prob: float) -> None:
+    def walk(prefix: tuple[int, ...], prob: float, spent: float) -> None:
         done = len(prefix) - len(prompt)
         if prob == 0.0:
             return
@@ -137,8 +178,13 @@ def sequence_distribution(
             out[key] = out.get(key, 0.0) + prob
             return
         g = 0 if q_fn is None else max(min(gamma, length - done - 1), 0)  # the engine caps gamma
+        if budget is not None and g > 0:
+            law = _budget_round(rule, budget, p_fn, q_fn, g, prefix, spent, length - done)  # type: ignore[arg-type]
+            for emitted, (pr, sp) in law.items():
+                walk(prefix + emitted, prob * pr, sp)
+            return
         for emitted, pr in round_law(rule, p_fn, q_fn, g, prefix, verifier).items():
-            walk(prefix + emitted, prob * pr)
+            walk(prefix + emitted, prob * pr, spent)
 
-    walk(tuple(prompt), 1.0)
+    walk(tuple(prompt), 1.0, 0.0)
     return out

@@ -237,6 +237,33 @@ def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path:
         click.echo(f"wrote {out} and {out.with_suffix('.csv')}")
 
 
+@bench.command(name="budget")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--fixed-run", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Run directory holding the fixed-parameter settings and the baseline (same models and seeds).")
+@click.option("--fixed", "fixed", multiple=True, required=True, metavar="LABEL",
+              help="A fixed-parameter setting of --fixed-run, by label; repeat (at least two).")
+@click.option("--baseline", default="lossless", show_default=True, help="The baseline's label in --fixed-run.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Where frontier.md / .csv / .png go [default: RUN_DIR/report].")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+def budget_cmd(run_dir: str, fixed_run: str, fixed: tuple[str, ...], baseline: str, out_dir: str | None,
+               n_boot: int) -> None:
+    """Budgeted settings against fixed parameters at matched block efficiency (verispec.studies.budget): BE and
+    pass@1 per setting, each budget's accuracy minus the fixed frontier's at its BE, paired 95% intervals."""
+    from pathlib import Path
+
+    from verispec.studies.budget import frontier, write_frontier
+
+    try:
+        table = frontier(run_dir, fixed_run, fixed, baseline, n_boot)
+    except ValueError as exc:
+        raise _fail(exc) from None
+    paths = write_frontier(table, out_dir or Path(run_dir) / "report")
+    click.echo(paths["md"].read_text())
+    click.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
 @bench.command(name="estimate")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--top-k", default=64, show_default=True, type=click.IntRange(min=1),

@@ -82,13 +82,15 @@ def _json_number(x: float) -> float | str:
 
 
 def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float], q_vals: list[float],
-                 gamma: int | None = None) -> dict:
+                 gamma: int | None = None, budget: str | None = None) -> dict:
     """The numbers behind ``verispec analyze`` (ValueError on invalid input). With ``gamma``: the exact expected
-    accepted drafts per round of ``gamma`` drafts when every position has this (p, q), per verifier."""
+    accepted drafts per round of ``gamma`` drafts when every position has this (p, q), per verifier. With
+    ``budget`` (``"tv=EPS"``): the rule's family at the most relaxed parameter within TV EPS of p, analysed."""
     import torch
 
     from verispec.analysis import acceptance_probability, induced_distribution, kl, tv
     from verispec.core import rules
+    from verispec.core.rules.budget import Budget, choose, family_of
     from verispec.core.rules.lossless import Lossless
 
     if len(p_vals) != len(q_vals):
@@ -97,6 +99,16 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
     # normalize inputs already within 1e-6 of 1 by their correctly rounded sum (a no-op when that is 1.0)
     p = torch.tensor([x / math.fsum(p_vals) for x in p_vals], dtype=torch.float64)
     q = torch.tensor([x / math.fsum(q_vals) for x in q_vals], dtype=torch.float64)
+    chosen: dict[str, object] | None = None
+    if budget is not None:
+        b = Budget.parse(budget)
+        assert b is not None
+        if b.tv is None:
+            raise ValueError("--budget: analyze looks at one position; give tv=EPS (tv_total spreads over a sequence)")
+        fam = family_of(rule)
+        theta, _ = choose(fam.rule, p, q, b.tv)
+        rule = rules.get(fam.rule, **{fam.param: float(theta)})
+        chosen = {"budget": b.to_dict(), "param": fam.param, "value": float(theta)}
     q = rule.draft(q)  # what the draft samples from under this rule (identity except the truncation baselines)
     induced = induced_distribution(rule, p, q)
     out: dict[str, object] = {
@@ -121,6 +133,8 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
         out["tv_to_matched"] = float(tv(induced, target))
         out["kl_to_matched"] = float(kl(induced, target))
     out["rule"] = rule.describe()
+    if chosen is not None:
+        out["budget"] = chosen
     out["p"], out["q"] = [float(x) for x in p], [float(x) for x in q]
     if gamma is not None:
         from verispec.analysis.sequence import expected_accepted
@@ -145,9 +159,12 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
 @click.option("--gamma", default=None, type=int,
               help="Also the exact expected accepted drafts per round of this many drafts, per verifier (token; "
                    "block for lossless rules), with this (p, q) at every position.")
+@click.option("--budget", default=None, metavar="tv=EPS",
+              help="A divergence budget (lenience, cos-we): analyse the rule at the most relaxed parameter whose "
+                   "induced distribution is within TV EPS of p (computed exactly; the --param value is replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, q_text: str | None,
-            gamma: int | None, as_json: bool) -> None:
+            gamma: int | None, budget: str | None, as_json: bool) -> None:
     """Exact one-step analysis of a verification rule on one (p, q) pair.
 
     Prints the induced distribution, the acceptance probability, and TV and KL(induced || p); for rules with a
@@ -169,14 +186,14 @@ def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, 
             raise ValueError("missing --rule NAME (see `verispec rules`)")
         p_vals = parse_distribution(p_text, "p")
         q_vals = parse_distribution(q_text, "q")
-        res = analyze_pair(rule_name, rules.parse_params(params), p_vals, q_vals, gamma)
+        res = analyze_pair(rule_name, rules.parse_params(params), p_vals, q_vals, gamma, budget)
     except (ValueError, TypeError) as exc:
         raise _fail(exc) from None
 
     if as_json:
         keys = ["induced", "acceptance", "tv_to_p", "kl_to_p", "tv_to_matched", "kl_to_matched", "matched",
                 "matched_target", "realization", "reference_sum", "cos_we", "tv_to_cos_we", "gamma",
-                "expected_accepted", "rule", "p", "q"]
+                "expected_accepted", "rule", "budget", "p", "q"]
         obj = {k: res[k] for k in keys if k in res}
         for k in ("kl_to_p", "kl_to_matched"):
             if k in obj:
@@ -210,6 +227,10 @@ def _print_analysis(res: dict) -> None:
     summary = Table(show_header=False)
     summary.add_column("quantity")
     summary.add_column("value", justify="right")
+    if "budget" in res:
+        b = res["budget"]
+        asked = ", ".join(f"{k} {v:g}" for k, v in b["budget"].items())
+        summary.add_row(f"budget {asked}: chosen {b['param']}", _fmt(b["value"]))
     summary.add_row("acceptance probability", _fmt(res["acceptance"]))
     summary.add_row("TV(induced, p)", _fmt(res["tv_to_p"]))
     summary.add_row("KL(induced || p)", _fmt(res["kl_to_p"]))
@@ -353,6 +374,10 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--logprobs-mode", type=click.Choice(LOGPROBS_MODES), default="emitted", show_default=True,
               help="emitted: the law each token was emitted from (under a lossy rule, its exact induced law); "
                    "target: the processed target distribution.")
+@click.option("--budget", "budget", default=None, metavar="tv=EPS[,tv_total=B]",
+              help="A divergence budget on a lenience or cos-we rule: at each position the most relaxed parameter "
+                   "whose exact induced law is within TV EPS of the target's; tv_total=B bounds the whole "
+                   "sequence's TV by B (--json reports the spent budget and each token's parameter).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
@@ -362,7 +387,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
              logit_bias: tuple[str, ...], max_new_tokens: int, stop: tuple[str, ...], seed: int, dtype: str,
              threads: int | None, device: str, stream: bool, response_format: str | None, logprobs: int | None,
-             logprobs_mode: str, as_json: bool) -> None:
+             logprobs_mode: str, budget: str | None, as_json: bool) -> None:
     """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair).
 
     The text is printed as tokens are committed (never past a stop string) unless --no-stream or --json; then
@@ -394,7 +419,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
                              drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend)
         request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
                           stop=list(stop), seed=seed, chat=chat, verifier=verifier, logprobs=logprobs,
-                          logprobs_mode=logprobs_mode, response_format=_response_format(response_format))
+                          logprobs_mode=logprobs_mode, response_format=_response_format(response_format),
+                          budget=budget)
         result = _run_streaming(engine, request, echo=stream and not as_json)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
@@ -409,7 +435,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         f"\n[{why}] {m.new_tokens} tokens in {m.total_s:.2f} s ({m.tokens_per_s:.2f} tok/s); "
         f"rounds {m.rounds}, accepted {m.accepted}/{m.drafted} drafted, block efficiency {m.block_efficiency:.2f}, "
         f"tokens/round {m.tokens_per_round:.2f}; time draft {m.draft_s:.2f} s, target {m.target_s:.2f} s, "
-        f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s; " + _describe(engine.backends),
+        f"verify {m.verify_s:.3f} s, other {m.other_s:.2f} s; " + _describe(engine.backends)
+        + _budget_text(m.budget),
         err=True,
     )
 
@@ -439,6 +466,16 @@ def _logit_bias(items: tuple[str, ...]) -> dict[int, float] | None:
         except ValueError:
             raise ValueError(f"--logit-bias expects TOKEN_ID=BIAS (e.g. 151643=-100), got {item!r}") from None
     return out or None
+
+
+def _budget_text(report: dict | None) -> str:
+    """The spent divergence budget, in words (empty without a budget)."""
+    if not report:
+        return ""
+    asked = ", ".join(f"{k} {v:g}" for k, v in report["budget"].items())
+    drafted = [t for t in report["theta"] if t < 1]
+    mean = f", mean {report['param']} {sum(drafted) / len(drafted):.3f} where relaxed" if drafted else ""
+    return f"; budget {asked}: spent TV {report['spent']:.4f} over {len(report['tv'])} tokens{mean}"
 
 
 def _describe(backends: dict) -> str:

@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.core import rules
+from verispec.core.rules.budget import Budget, family_of
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
 from verispec.defaults import (
@@ -161,7 +162,7 @@ _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_ba
              "tasks", "methods", "baseline_draft_truncation", "coupling", "verifier"}
 _MODEL_KEYS = {"target", "draft", "drafter", "target_backend", "dtype", "threads", "device"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens", "options"}
-_METHOD_KEYS = {"rule", "params"}
+_METHOD_KEYS = {"rule", "params", "budget"}
 
 
 # ------------------------------------------------------------------------------------------------ methods
@@ -185,16 +186,24 @@ class MethodSetting:
 
     rule: str
     params: tuple[tuple[str, object], ...] = ()
+    #: a divergence budget (:class:`verispec.core.rules.budget.Budget` fields); the engine then chooses the
+    #: family's parameter per position, so ``params`` does not name it
+    budget: tuple[tuple[str, float], ...] = ()
 
     def build(self) -> rules.Rule:
         return rules.get(self.rule, **dict(self.params))
 
+    def budget_spec(self) -> Budget | None:
+        return Budget(**dict(self.budget)) if self.budget else None  # type: ignore[arg-type]
+
     @property
     def label(self) -> str:
-        """``spec-cascade(p_base=0.3)``: the rule and the parameters that differ from its defaults."""
-        if not self.params:
-            return self.rule
-        return f"{self.rule}({', '.join(f'{k}={_fmt_value(v)}' for k, v in self.params)})"
+        """``spec-cascade(p_base=0.3)``: the rule and the parameters that differ from its defaults;
+        ``lenience(budget tv=0.05)`` under a budget."""
+        parts = [f"{k}={_fmt_value(v)}" for k, v in self.params]
+        if self.budget:
+            parts.append("budget " + " ".join(f"{k}={_fmt_value(v)}" for k, v in self.budget))
+        return f"{self.rule}({', '.join(parts)})" if parts else self.rule
 
     @property
     def lossless(self) -> bool:
@@ -225,9 +234,40 @@ def setting(rule: rules.Rule | str, **params: object) -> MethodSetting:
     return MethodSetting(built.name, tuple(kept))
 
 
-def _grid(rule: str, params: object) -> list[MethodSetting]:
+def _budget_grid(rule: str, budget: object) -> list[tuple[tuple[str, float], ...]]:
+    """The budgets of a ``[[methods]]`` entry: ``budget = {tv = 0.05}`` or lists of values (a grid)."""
+    if budget is None:
+        return [()]
+    if not isinstance(budget, Mapping):
+        raise ValueError(f"budget of {rule!r} must be a table like {{tv = 0.05}}, got {budget!r}")
+    try:
+        family_of(rule)
+    except ValueError as exc:
+        raise ValueError(f"budget: {exc}") from None
+    names = list(budget)
+    axes = [list(v) if isinstance(v, list | tuple) else [v] for v in budget.values()]
+    out = []
+    for combo in itertools.product(*axes):
+        spec = Budget.parse(dict(zip(names, combo, strict=True)))
+        assert spec is not None
+        out.append(tuple(sorted(spec.to_dict().items())))
+    return out
+
+
+def _grid(rule: str, params: object, budget: object = None) -> list[MethodSetting]:
     if rule not in rules.REGISTRY:
         raise ValueError(f"unknown rule {rule!r}; known rules: {', '.join(rules.REGISTRY)}")
+    if budget is not None:
+        budgets = _budget_grid(rule, budget)
+        fam = family_of(rule)
+        if isinstance(params, Mapping) and fam.param in params:
+            raise ValueError(f"{rule!r}: params.{fam.param} and a budget both set the parameter; the budget "
+                             "chooses it per position")
+        out = []
+        for base in _grid(rule, params):
+            kept = tuple((k, v) for k, v in base.params if k != fam.param)
+            out += [MethodSetting(base.rule, kept, b) for b in budgets]
+        return out
     if params is None:
         return [setting(rule)]
     if params == "paper":
@@ -254,14 +294,14 @@ def _with_draft_truncation(s: MethodSetting, draft_truncation: str) -> MethodSet
     return setting(s.rule, **s.param_dict(), draft_truncation=draft_truncation)
 
 
-def expand_methods(methods: Iterable[tuple[str, object]], pair_baselines: bool = True,
+def expand_methods(methods: Iterable[tuple], pair_baselines: bool = True,
                    draft_truncation: str = "none") -> list[MethodSetting]:
-    """Settings of ``(rule, params)`` entries in order, duplicates removed; with ``pair_baselines`` each lossy
-    setting's matched baseline is appended (before the first lossy setting needing it) when absent. Truncation
-    baselines get ``draft_truncation`` unless their params set it."""
+    """Settings of ``(rule, params)`` or ``(rule, params, budget)`` entries in order, duplicates removed; with
+    ``pair_baselines`` each lossy setting's matched baseline is appended (before the first lossy setting needing
+    it) when absent. Truncation baselines get ``draft_truncation`` unless their params set it."""
     out: list[MethodSetting] = []
-    for rule, params in methods:
-        for s in _grid(rule, params):
+    for entry in methods:
+        for s in _grid(*entry):
             s = _with_draft_truncation(s, draft_truncation)
             if pair_baselines and not s.lossless:
                 base = _with_draft_truncation(s.baseline(), draft_truncation)
@@ -308,7 +348,7 @@ class SweepConfig:
     coupling: str = "common"
     #: how every chain is verified (:data:`verispec.defaults.VERIFIERS`)
     verifier: str = DEFAULT_VERIFIER
-    raw_methods: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
+    raw_methods: tuple[tuple[str, object, object], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def uses_draft(self) -> bool:
@@ -367,7 +407,8 @@ class SweepConfig:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("raw_methods")
-        d["methods"] = [{"rule": m.rule, "params": dict(m.params), "label": m.label} for m in self.methods]
+        d["methods"] = [{"rule": m.rule, "params": dict(m.params), "label": m.label,
+                         **({"budget": dict(m.budget)} if m.budget else {})} for m in self.methods]
         d["sampling"] = dict(self.sampling)
         d["tasks"] = [{"name": t.name, "limit": t.limit, "subset": list(t.subset) if t.subset else None,
                        "max_new_tokens": t.max_new_tokens, **({"options": dict(t.options)} if t.options else {})}
@@ -383,7 +424,8 @@ class SweepConfig:
             tasks=tuple(TaskSpec(t["name"], t.get("limit"), tuple(t["subset"]) if t.get("subset") else None,
                                  t.get("max_new_tokens"), tuple(sorted((t.get("options") or {}).items())))
                         for t in d["tasks"]),
-            methods=tuple(MethodSetting(m["rule"], tuple(m["params"].items())) for m in d["methods"]),
+            methods=tuple(MethodSetting(m["rule"], tuple(m["params"].items()),
+                                        tuple(sorted(m.get("budget", {}).items()))) for m in d["methods"]),
             seeds=tuple(d["seeds"]),
             temperature=d["temperature"],
             sampling=tuple(sorted(d.get("sampling", {}).items())),
@@ -487,7 +529,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         _check_keys(f"[[methods]] #{i + 1}", m, _METHOD_KEYS)
         if "rule" not in m:
             raise ValueError(f"[[methods]] #{i + 1} has no rule")
-        raw.append((str(m["rule"]), m.get("params")))
+        raw.append((str(m["rule"]), m.get("params"), m.get("budget")))
     if not raw:
         raise ValueError("the config has no [[methods]]")
     pair = bool(data.get("pair_baselines", True))

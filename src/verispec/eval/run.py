@@ -111,7 +111,8 @@ def encode_problem(engine: Any, problem: Problem) -> list[int]:
 def unit_request(unit: WorkUnit, cfg: SweepConfig, prompt_ids: list[int]) -> Request:
     """The engine request of one unit: its rule, the sweep's sampling settings, its own seed."""
     return Request(prompt_ids, rule=cfg.build(unit.method), sampling=cfg.sampling_config(), gamma=cfg.gamma,
-                   max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed, verifier=cfg.verifier)
+                   max_new_tokens=cfg.max_tokens(unit.task), seed=unit.gen_seed, verifier=cfg.verifier,
+                   budget=unit.method.budget_spec())
 
 
 def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: SweepConfig,
@@ -120,7 +121,7 @@ def run_unit(unit: WorkUnit, engine: Any, task: Any, problem: Problem, cfg: Swee
     ids = prompt_ids if prompt_ids is not None else encode_problem(engine, problem)
     req = unit_request(unit, cfg, ids)
     res = engine.generate(ids, rule=req.rule, sampling=req.sampling, gamma=req.gamma,
-                          max_new_tokens=req.max_new_tokens, seed=req.seed, verifier=req.verifier)
+                          max_new_tokens=req.max_new_tokens, seed=req.seed, verifier=req.verifier, budget=req.budget)
     return unit_record(unit, task, problem, cfg, ids, res)
 
 
@@ -168,8 +169,16 @@ def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, i
         "per_round_emitted": list(m.per_round_emitted),
         "timings": {"draft_s": m.draft_s, "target_s": m.target_s, "verify_s": m.verify_s, "other_s": m.other_s,
                     "total_s": m.total_s, "grade_s": grade_s},
+        **({"budget": _budget_record(m.budget)} if m.budget else {}),
         "finished_at": now(),
     }
+
+
+def _budget_record(report: dict) -> dict:
+    """A unit's divergence budget: what was asked, the spent TV, and per emitted token the parameter and the
+    position's TV (6 significant digits)."""
+    return {"budget": report["budget"], "param": report["param"], "spent": report["spent"],
+            "theta": [float(f"{t:.6g}") for t in report["theta"]], "tv": [float(f"{t:.6g}") for t in report["tv"]]}
 
 
 class UnitExecutor:

@@ -26,6 +26,8 @@ import torch
 from verispec.backends.base import Backend, ScoreRequest
 from verispec.core.constraint import constrain_logits
 from verispec.core.rules import Rule, get
+from verispec.core.rules.budget import Budget, PerPosition, budgeted, choose, family_of
+from verispec.core.rules.lossless import Lossless
 from verispec.core.sampling import SamplingConfig, adjust_logits, process
 from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
@@ -129,7 +131,21 @@ class Engine:
                                  "drafter ask for logprobs_mode 'target'")
         if req.response_format is not None:
             self.grammar.grammar(req.response_format)  # ValueError naming response_format
+        if req.budget is not None:
+            self._check_budget(req, rule)
         return rule, cfg, self._check_prompt(req.prompt, req.chat)
+
+    def _check_budget(self, req: Request, rule: Rule) -> Budget:
+        """The request's budget, parsed; ValueError naming ``budget`` for a bad one or an unsupported setting."""
+        try:
+            budget = Budget.parse(req.budget)
+            family_of(rule)
+        except ValueError as exc:
+            raise ValueError(f"budget: {exc}") from None
+        if self.proposes_trees:
+            raise ValueError("budget: a divergence budget verifies chains; the tree drafter proposes trees")
+        assert budget is not None
+        return budget
 
     @property
     def grammar(self) -> GrammarCompiler:
@@ -147,6 +163,15 @@ class Engine:
         self._next_key += 1
         row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, self.target.add_row())
         row.prompt_logprobs = scored
+        if req.budget is not None:
+            row.budget = self._check_budget(req, rule)
+            fam = family_of(rule)
+            row.metrics.budget = {"budget": row.budget.to_dict(), "rule": fam.rule, "param": fam.param, "spent": 0.0,
+                                  "theta": [], "tv": []}
+            if cfg.greedy:
+                # temperature 0: the target's law is a point mass and any other token is at distance 1, so a
+                # budget below 1 leaves no relaxation: verify losslessly (the target's greedy decode)
+                row.rule = Lossless()
         if req.response_format is not None:
             row.constraint = self.grammar.constraint(req.response_format)
         if self.drafter is not None:
@@ -254,6 +279,12 @@ class Engine:
                 r.constraint.commit(appended)
             if lps is not None:
                 r.logprobs.extend(lps[: len(appended)])  # type: ignore[union-attr]
+            if r.budget is not None:
+                thetas, tvs = r.round_budget or ([], [])
+                k = len(appended)
+                r.metrics.record_budget([thetas[i] if i < len(thetas) else 1.0 for i in range(k)],
+                                        [tvs[i] if i < len(tvs) else 0.0 for i in range(k)])
+                r.round_budget = None
             m = r.metrics
             m.draft_s += draft_s
             m.draft_forward_calls += prop.forward_calls
@@ -286,6 +317,8 @@ class Engine:
                 q = prop.q.unsqueeze(0) if prop.q is not None and not r.cfg.greedy else None
                 if r.request.verifier == "block":
                     res = verify_chain_block(y_t, q, p.unsqueeze(0), r.generator)
+                elif r.budget is not None and y:
+                    res = verify_block(self._budgeted(r, p, prop), y_t, q, p.unsqueeze(0), r.generator)
                 else:
                     res = verify_block(r.rule, y_t, q, p.unsqueeze(0), r.generator)
             n = int(res.num_accepted[0])
@@ -298,6 +331,29 @@ class Engine:
 
         res = verify_tree(r.rule, tree, dist, r.generator)
         return res.path, res.tokens, res.accepted + (1 if res.rejected else 0)
+
+    def _budgeted(self, r: Row, p: torch.Tensor, prop: Proposal) -> Rule:
+        """The row's family with each drafted position's parameter chosen within the budget (exact TV to the
+        processed p; :mod:`verispec.core.rules.budget`); the round's (theta, TV) are kept on the row."""
+        budget, fam = r.budget, family_of(r.rule)
+        assert budget is not None
+        gamma = len(prop.tokens)
+        q = _draft_q(prop, p)
+        if budget.tv_total is None:
+            theta, tv = choose(fam.rule, p[:gamma], q, budget.tv)  # type: ignore[arg-type]
+        else:
+            # an even share of what is left, position by position: position i is reached only after i accepted
+            # drafts, which then have spent their distances (Budget.allowance)
+            spent = r.metrics.budget["spent"] if r.metrics.budget else 0.0
+            left = r.request.max_new_tokens - len(r.new)
+            parts = []
+            for i in range(gamma):
+                eps = budget.allowance(spent, left - i)
+                parts.append(choose(fam.rule, p[i : i + 1], q[i : i + 1], eps))
+                spent += float(parts[-1][1])
+            theta, tv = torch.cat([t for t, _ in parts]), torch.cat([v for _, v in parts])
+        r.round_budget = (theta.flatten().tolist(), tv.flatten().tolist())
+        return PerPosition(fam.rule, theta.reshape(1, gamma, 1))
 
     @staticmethod
     def _constrain(r: Row, prop: Proposal, logits: torch.Tensor) -> torch.Tensor:
@@ -332,12 +388,14 @@ class Engine:
         emitted_law = r.request.logprobs_mode == "emitted" and not r.cfg.greedy
         if emitted_law and not r.rule.lossless:
             gamma = len(prop.tokens)
+            q_all = _draft_q(prop, p) if gamma else None
+            thetas = r.round_budget[0] if r.round_budget is not None else None
             dist = []
             for i in range(n):
                 if i < gamma:
-                    q = prop.q[i].to(p.dtype) if prop.q is not None else \
-                        torch.nn.functional.one_hot(torch.tensor(prop.tokens[i]), p.shape[-1]).to(p.dtype)
-                    dist.append(r.rule.induced(p[i], q))
+                    rule = r.rule if thetas is None else \
+                        budgeted(family_of(r.rule).rule, torch.tensor(thetas[i], dtype=torch.float64))
+                    dist.append(rule.induced(p[i], q_all[i].to(p.dtype)))  # type: ignore[index]
                 else:
                     dist.append(r.rule.bonus(p[i]))
             p = torch.stack(dist)
@@ -389,6 +447,7 @@ class Engine:
         logprobs_mode: str | Sequence[str] = "emitted",
         prompt_logprobs: int | None | Sequence[int | None] = None,
         response_format: Mapping[str, Any] | None | Sequence[Mapping[str, Any] | None] = None,
+        budget: Budget | Mapping[str, float] | str | None | Sequence[Budget | Mapping[str, float] | str | None] = None,
         batch_size: int | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
@@ -402,7 +461,9 @@ class Engine:
         :class:`Request`). ``prompt_logprobs``: each prompt token's log-probability under the target
         (``result.prompt_logprobs``, :meth:`prompt_logprobs`). ``response_format``: structured output (a JSON
         schema, any JSON object, a regex or a Lark grammar; :mod:`verispec.runtime.grammar`), a constraint on
-        target and draft alike.
+        target and draft alike. ``budget``: a divergence budget on a lenience or CoS-WE rule
+        (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per position, ``{"tv_total": B}`` per
+        sequence); ``result.metrics.budget`` reports the spent budget and each token's parameter and distance.
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
         and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
@@ -423,6 +484,7 @@ class Engine:
             "logprobs_mode": _per_row("logprobs_mode", logprobs_mode, n, (str,)),
             "prompt_logprobs": _per_row("prompt_logprobs", prompt_logprobs, n, (int, type(None))),
             "response_format": _per_row("response_format", response_format, n, (Mapping, type(None))),
+            "budget": _per_row("budget", budget, n, (Budget, Mapping, str, type(None))),
         }
         requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
         if single:
@@ -442,6 +504,13 @@ class Engine:
             h.result if not isinstance(h, str) else GenerationResult("", [], "error", Metrics(), [], error=h)
             for h in handles
         ]
+
+
+def _draft_q(prop: Proposal, p: torch.Tensor) -> torch.Tensor:
+    """[gamma, V] float64: the chain's draft distributions, one-hot on the drafted tokens of a token-only draft."""
+    if prop.q is not None:
+        return prop.q.to(torch.float64)
+    return torch.nn.functional.one_hot(torch.tensor(list(prop.tokens)), p.shape[-1]).to(torch.float64)
 
 
 def _per_row(name: str, value: object, n: int, scalar: tuple[type, ...]) -> list:

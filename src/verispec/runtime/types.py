@@ -13,6 +13,7 @@ import torch
 
 from verispec.core.constraint import Constraint
 from verispec.core.rules import Rule
+from verispec.core.rules.budget import Budget
 from verispec.core.sampling import History, SamplingConfig
 from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER
 
@@ -67,6 +68,18 @@ class Metrics:
     time_to_first_token_s: float | None = None
     #: ``gamma="auto"``: the schedule's final beliefs (acceptance, draft and block costs, probes) when the row ended
     schedule: dict | None = None
+    #: a divergence budget: what was asked, the family's parameter name, the spent TV (sum over the emitted
+    #: positions) and, per emitted token, the parameter it was verified with (1: lossless, e.g. a bonus token)
+    #: and its position's exact TV to the target
+    budget: dict | None = None
+
+    def record_budget(self, thetas: Sequence[float], tvs: Sequence[float]) -> None:
+        """Append emitted positions' parameters and distances (the budget must have been started)."""
+        b = self.budget
+        assert b is not None
+        b["theta"].extend(thetas)
+        b["tv"].extend(tvs)
+        b["spent"] = b["spent"] + float(sum(tvs))
 
     def record_round(self, drafted: int, nodes: int, accepted: int, emitted_accepted: int, reached: int) -> None:
         """One verified round: ``reached`` = depths the verification examined (accepted, +1 on a rejection)."""
@@ -199,6 +212,10 @@ class Request:
     #: structured output: ``{"type": "json_object" | "json_schema" | "regex" | "grammar" | "text", ...}``
     #: (:mod:`verispec.runtime.grammar`); a constraint applied to target and draft alike
     response_format: Mapping[str, Any] | None = None
+    #: a divergence budget on the rule's parameter (:class:`verispec.core.rules.budget.Budget`, or its mapping
+    #: ``{"tv": 0.05, "tv_total": 1.0}`` or text ``"tv=0.05"``): per position, the most relaxed parameter of
+    #: the rule's family within that total-variation distance of the target (the rule's own parameter is replaced)
+    budget: Budget | Mapping[str, float] | str | None = None
 
 
 class Row:
@@ -219,6 +236,9 @@ class Row:
         self.logprobs: list[TokenLogprob] | None = [] if req.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None
         self.constraint: Constraint | None = None
+        self.budget: Budget | None = None
+        #: this round's (theta, TV) per drafted position under a budget, set by the verification
+        self.round_budget: tuple[list[float], list[float]] | None = None
 
     @property
     def done(self) -> bool:

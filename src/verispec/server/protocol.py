@@ -6,15 +6,15 @@ Supported fields (both endpoints): ``model``, ``temperature`` (default
 ``frequency_penalty``, ``presence_penalty``, ``logit_bias`` (token id -> bias in [-100, 100], applied to target and
 draft alike), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number of
 alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1-16 choices:
-rows of the batch, choice i sampled with seed + i),
-``stream``, ``stream_options.include_usage``; the vLLM-style extensions ``top_k``, ``min_p``,
-``repetition_penalty``; and verispec's own ``verification`` (``{"rule": NAME, "params": {...}, "verifier": "token"
-| "block", "logprobs_mode": "emitted" | "target"}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the
-official client sends through ``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on
-the output are accepted and ignored. Fields that would change what is generated or returned (``tools``,
-``best_of`` > 1, chat ``echo``, ...) are refused with 400 naming the field, as is any field this server does not
-know. ``response_format``: ``text``, ``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar``
-(Lark), a constraint on target and draft alike (:mod:`verispec.runtime.grammar`).
+rows of the batch, choice i sampled with seed + i), ``stream``, ``stream_options.include_usage``; the vLLM-style
+extensions ``top_k``, ``min_p``, ``repetition_penalty``; and verispec's own ``verification`` (``{"rule": NAME,
+"params": {...}, "verifier": "token" | "block", "logprobs_mode": "emitted" | "target", "budget": {"tv": eps,
+"tv_total": B}}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the official client sends through
+``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and
+ignored. Fields that would change what is generated or returned (``tools``, ``best_of`` > 1, chat ``echo``, ...) are
+refused with 400 naming the field, as is any field this server does not know. ``response_format``: ``text``,
+``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar`` (Lark), a constraint on target and
+draft alike (:mod:`verispec.runtime.grammar`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from verispec.core import rules
+from verispec.core.rules.budget import Budget, family_of
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
 from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, MAX_TOP_LOGPROBS, SERVING_GAMMA, check_verifier
@@ -101,6 +102,9 @@ class Verification(BaseModel):
     verifier: StrictStr = DEFAULT_VERIFIER
     #: the distribution logprobs are reported under: "emitted" or "target" (:data:`verispec.defaults.LOGPROBS_MODES`)
     logprobs_mode: Literal["emitted", "target"] = "emitted"
+    #: a divergence budget on the rule's parameter: ``{"tv": eps}`` (per position) and / or ``{"tv_total": B}``
+    #: (per sequence); :mod:`verispec.core.rules.budget`
+    budget: dict[str, Any] | None = None
 
 
 class Speculative(BaseModel):
@@ -228,6 +232,7 @@ class Settings:
     #: choices; choice i is generated with ``seed + i``
     n: int = 1
     response_format: dict[str, Any] | None = None
+    budget: Budget | None = None
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -241,6 +246,14 @@ class Settings:
             check_verifier(v.verifier, rule.lossless, trees=False)
         except ValueError as exc:
             raise APIError(400, str(exc), param="verification.verifier", code="invalid_value") from None
+        budget = None
+        if v.budget is not None:
+            try:
+                budget = Budget.parse(v.budget)
+                family_of(rule)
+            except ValueError as exc:
+                raise APIError(400, f"verification.budget: {exc}", param="verification.budget",
+                               code="invalid_value") from None
         gamma = (req.speculative or Speculative()).gamma
         gamma = SERVING_GAMMA if gamma is None else gamma
         if isinstance(gamma, int) and not 0 <= gamma <= MAX_GAMMA:
@@ -268,7 +281,7 @@ class Settings:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
                    _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1,
-                   _response_format(req.response_format))
+                   _response_format(req.response_format), budget)
 
 
 def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -408,6 +421,6 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
                        max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier,
                        logprobs=settings.logprobs, logprobs_mode=settings.logprobs_mode,
                        prompt_logprobs=settings.logprobs if settings.echo else None,
-                       response_format=settings.response_format)
+                       response_format=settings.response_format, budget=settings.budget)
 
     return build

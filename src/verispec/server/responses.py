@@ -43,6 +43,7 @@ def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult
             "acceptance_per_position": m.acceptance_per_position,
             "gamma_counts": m.gamma_counts,
             "schedule": m.schedule,
+            "budget": m.budget,
         },
     }
 

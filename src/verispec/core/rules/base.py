@@ -111,6 +111,12 @@ class Rule:
             return self.target(p)
         return self.induced(p, q)
 
+    def at(self, rows: torch.Tensor, index: torch.Tensor) -> Rule:
+        """The rule at position ``index[i]`` of row ``rows[i]`` of a block: itself, except for a rule whose
+        parameters differ per position (:class:`verispec.core.rules.budget.PerPosition`). The chain sampler
+        asks for it where it draws the correction of each row's stopping position."""
+        return self
+
     def tree_verifier(self) -> Rule:
         """The rule the tree walk applies to p~ = ``self.target(p)`` at each position (App. H.1: "with a
         truncation warper active the verifier scores candidates by the truncated target p_Theta"). The rule

@@ -217,7 +217,7 @@ def verify_block(
     final = rule.bonus(p[rows, n])
     if gamma:
         rejected = (n < gamma).unsqueeze(-1)
-        r = rule.correction(p[rows, at], q[rows, at])
+        r = rule.at(rows, at).correction(p[rows, at], q[rows, at])
         final = torch.where(rejected, r, final)
     last = sample_categorical(final, generator)
 

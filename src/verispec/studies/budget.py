@@ -1,0 +1,177 @@
+"""Budget against fixed parameter at matched block efficiency: does a divergence budget lose less accuracy than a
+fixed relaxation that accepts as much?
+
+Inputs: a run of budgeted settings (``configs/budget.toml``) and a run of fixed-parameter settings of the same
+family with the lossless baseline (``configs/table1_power.toml``), made with the same models, numerics and seeds
+under common random numbers, so units pair by (task, problem, seed) across the two directories. Only the
+(task, problem, seed) keys every compared setting completed are used.
+
+Per setting: BE = emitted accepted drafts / rounds (ratio of sums over the units: the paper's block efficiency,
+bonus excluded) and pass@1 (% of units passed), with 95% cluster-bootstrap intervals (problems resampled, all
+seeds of a problem together, :data:`verispec.eval.stats.N_BOOT` resamples, seed
+:data:`verispec.eval.stats.BOOT_SEED`).
+
+Matched comparison, per budgeted setting b: the fixed settings sorted by BE form a frontier; with f1, f2 the
+adjacent fixed settings whose BEs bracket BE_b and w = (BE_b - BE_f1) / (BE_f2 - BE_f1), the fixed frontier's
+accuracy at b's block efficiency is (1 - w) acc_f1 + w acc_f2 (linear interpolation), and the statistic is
+acc_b minus it, in percentage points. Each bootstrap resample recomputes every BE, the bracket and w, so the
+interval carries the uncertainty of the matching too. A budget whose BE lies outside the fixed settings' range has
+no matched comparison (reported as such); the share of resamples in which it falls outside is reported
+(``vs_fixed_unmatched``; the interval is over the others). Also the plain gap to lossless (acc_b - acc_lossless,
+paired).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from verispec.eval.report import load_frame, md_table
+from verispec.eval.stats import BOOT_SEED, N_BOOT, cluster_weights, percentile_interval
+
+__all__ = ["frontier", "frontier_frame", "plot_frontier", "write_frontier"]
+
+
+def _sums(df: pd.DataFrame, labels: list[str], clusters: list[str]) -> dict[str, np.ndarray]:
+    """{accepted, rounds, passed, units}: [C, S] sums per (problem cluster, setting)."""
+    ci, si = {c: i for i, c in enumerate(clusters)}, {s: i for i, s in enumerate(labels)}
+    out = {}
+    for col in ("accepted", "rounds", "passed", "one"):
+        m = np.zeros((len(clusters), len(labels)))
+        vals = np.ones(len(df)) if col == "one" else df[col].to_numpy(dtype=float)
+        np.add.at(m, (df["cluster"].map(ci).to_numpy(), df["label"].map(si).to_numpy()), vals)
+        out[col] = m
+    return out
+
+
+def _matched(be: np.ndarray, acc: np.ndarray, fixed: list[int], b: int) -> np.ndarray:
+    """acc_b minus the fixed frontier's interpolated accuracy at BE_b, per row of [R, S] (NaN outside)."""
+    out = np.full(be.shape[0], math.nan)
+    fb, fa = be[:, fixed], acc[:, fixed]
+    order = np.argsort(fb, axis=1)
+    fb, fa = np.take_along_axis(fb, order, 1), np.take_along_axis(fa, order, 1)
+    for r in range(be.shape[0]):
+        x = be[r, b]
+        k = int(np.searchsorted(fb[r], x))
+        if k == 0 or k == fb.shape[1]:
+            if k < fb.shape[1] and fb[r, k] == x:
+                out[r] = acc[r, b] - fa[r, k]
+            continue
+        x0, x1 = fb[r, k - 1], fb[r, k]
+        w = 0.0 if x1 == x0 else (x - x0) / (x1 - x0)
+        out[r] = acc[r, b] - ((1 - w) * fa[r, k - 1] + w * fa[r, k])
+    return out
+
+
+def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str], baseline: str = "lossless",
+                   n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """One row per setting (fixed, budgeted, baseline): BE and pass@1 with intervals; for budgeted settings the
+    matched difference to the fixed frontier and the gap to the baseline, with intervals. ``df``: result rows
+    (:func:`verispec.eval.report.load_frame`) of every listed setting."""
+    labels = [*fixed, *budget, baseline]
+    missing = [lab for lab in labels if lab not in set(df["label"])]
+    if missing:
+        raise ValueError(f"no results for {', '.join(missing)}")
+    if len(fixed) < 2:
+        raise ValueError("a frontier needs at least two fixed-parameter settings")
+    df = df[df["label"].isin(labels)].copy()
+    key = df["task"].astype(str) + "\x00" + df["problem_id"].astype(str) + "\x00" + df["seed"].astype(str)
+    complete = key.map(df.groupby(key.to_numpy())["label"].nunique()) == len(labels)
+    df = df[complete.to_numpy()]
+    if df.empty:
+        raise ValueError("no (task, problem, seed) completed every setting")
+    df["cluster"] = df["task"].astype(str) + "\x00" + df["problem_id"].astype(str)
+    clusters = list(dict.fromkeys(df["cluster"]))
+    mats = _sums(df, labels, clusters)
+    w = np.vstack([np.ones((1, len(clusters))), cluster_weights(len(clusters), n_boot, seed)])
+    s = {k: w @ v for k, v in mats.items()}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        be = s["accepted"] / s["rounds"]
+        acc = 100.0 * s["passed"] / s["one"]
+    fixed_i = list(range(len(fixed)))
+    base_i = len(labels) - 1
+    rows = []
+    for j, lab in enumerate(labels):
+        kind = "fixed" if j < len(fixed) else "baseline" if j == base_i else "budget"
+        row = {"setting": lab, "kind": kind, "be": be[0, j], "acc": acc[0, j], "units": int(mats["one"][:, j].sum()),
+               "problems": len(clusters)}
+        row["be_lo"], row["be_hi"] = percentile_interval(be[1:, j])
+        row["acc_lo"], row["acc_hi"] = percentile_interval(acc[1:, j])
+        if kind == "budget":
+            d = _matched(be, acc, fixed_i, j)
+            row["vs_fixed"] = d[0]
+            row["vs_fixed_lo"], row["vs_fixed_hi"] = (percentile_interval(d[1:], finite_only=True)
+                                                      if math.isfinite(d[0]) else (math.nan, math.nan))
+            row["vs_fixed_unmatched"] = float(np.mean(~np.isfinite(d[1:])))  # resamples outside the fixed range
+            gap = acc[:, j] - acc[:, base_i]
+            row["vs_baseline"] = gap[0]
+            row["vs_baseline_lo"], row["vs_baseline_hi"] = percentile_interval(gap[1:])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def frontier(budget_run: str | Path, fixed_run: str | Path, fixed: Sequence[str], baseline: str = "lossless",
+             n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """:func:`frontier_frame` over every setting of ``budget_run`` against ``fixed`` (labels of ``fixed_run``)
+    and its ``baseline``."""
+    b, f = load_frame(budget_run), load_frame(fixed_run)
+    budget = list(dict.fromkeys(b["label"]))
+    both = pd.concat([b, f[f["label"].isin([*fixed, baseline])]], ignore_index=True)
+    return frontier_frame(both, budget, list(fixed), baseline, n_boot, seed)
+
+
+def _ci(x: float, lo: float, hi: float, fmt: str) -> str:
+    if not math.isfinite(x):
+        return "outside the fixed range"
+    return f"{fmt.format(x)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def plot_frontier(table: pd.DataFrame, path: Path) -> None:
+    """BE against pass@1: the fixed settings joined in BE order, the budgeted ones likewise, the baseline a star;
+    95% intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for kind, style in (("fixed", "o-"), ("budget", "s-")):
+        t = table[table["kind"] == kind].sort_values("be")
+        ax.errorbar(t["be"], t["acc"], xerr=[t["be"] - t["be_lo"], t["be_hi"] - t["be"]],
+                    yerr=[t["acc"] - t["acc_lo"], t["acc_hi"] - t["acc"]], fmt=style, capsize=2,
+                    label="fixed parameter" if kind == "fixed" else "TV budget")
+        for _, r in t.iterrows():
+            ax.annotate(r["setting"], (r["be"], r["acc"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    base = table[table["kind"] == "baseline"].iloc[0]
+    ax.plot([base["be"]], [base["acc"]], "k*", markersize=11, label=base["setting"])
+    ax.axhline(base["acc"], color="k", lw=0.6, ls="--")
+    ax.set_xlabel("block efficiency (accepted drafts per target step)")
+    ax.set_ylabel("pass@1 (%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_frontier(table: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
+    """frontier.md, frontier.csv and frontier.png in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "frontier.csv", index=False)
+    rows = []
+    for _, r in table.iterrows():
+        rows.append([r["setting"], r["kind"], _ci(r["be"], r["be_lo"], r["be_hi"], "{:.3f}"),
+                     _ci(r["acc"], r["acc_lo"], r["acc_hi"], "{:.1f}"),
+                     _ci(r.get("vs_fixed", math.nan), r.get("vs_fixed_lo", math.nan), r.get("vs_fixed_hi", math.nan),
+                         "{:+.1f}") if r["kind"] == "budget" else "",
+                     _ci(r["vs_baseline"], r["vs_baseline_lo"], r["vs_baseline_hi"], "{:+.1f}")
+                     if r["kind"] == "budget" else "", str(r["units"])])
+    md = md_table(["setting", "kind", "BE [95% CI]", "pass@1 % [95% CI]", "vs fixed at equal BE (pp)",
+                   "vs baseline (pp)", "units"], rows)
+    (out / "frontier.md").write_text(md + "\n")
+    plot_frontier(table, out / "frontier.png")
+    return {"md": out / "frontier.md", "csv": out / "frontier.csv", "png": out / "frontier.png"}

@@ -1,0 +1,67 @@
+"""The budget-vs-fixed frontier (``verispec.studies.budget``) on constructed units whose answer is known: two fixed
+settings at BE 2 (60% pass) and BE 4 (30%), a budget at BE 3 with 55% pass; the fixed frontier interpolates to 45%
+at BE 3, so the budget is +10 pp at matched BE; one budget outside the fixed range gets no matched value. Also the
+command end to end on two run directories written as a sweep would."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from verispec.cli.main import main
+from verispec.studies.budget import frontier_frame
+
+N = 40  # problems, one seed
+
+
+def _units(label: str, be: float, passed: int, lossless: bool = False) -> list[dict]:
+    rounds = 10
+    return [{"task": "t", "problem_id": f"P/{i}", "seed": 0, "label": label, "lossless": lossless,
+             "accepted": int(be * rounds), "rounds": rounds, "passed": i < passed} for i in range(N)]
+
+
+def _frame() -> pd.DataFrame:
+    rows = (_units("fixed-a", 2.0, 24) + _units("fixed-b", 4.0, 12) + _units("budget-mid", 3.0, 22)
+            + _units("budget-far", 5.0, 10) + _units("lossless", 1.0, 26, True))
+    return pd.DataFrame(rows)
+
+
+def test_matched_difference_interpolates_the_fixed_frontier():
+    t = frontier_frame(_frame(), ["budget-mid", "budget-far"], ["fixed-a", "fixed-b"], n_boot=300).set_index("setting")
+    assert t.loc["fixed-a", "be"] == 2.0 and t.loc["fixed-b", "acc"] == 30.0
+    assert t.loc["budget-mid", "vs_fixed"] == pytest.approx(55.0 - 45.0)
+    assert t.loc["budget-mid", "vs_baseline"] == pytest.approx(55.0 - 65.0)
+    assert t.loc["budget-mid", "vs_fixed_lo"] <= 10.0 <= t.loc["budget-mid", "vs_fixed_hi"]
+    assert math.isnan(t.loc["budget-far", "vs_fixed"])
+    with pytest.raises(ValueError, match="at least two"):
+        frontier_frame(_frame(), ["budget-mid"], ["fixed-a"])
+    with pytest.raises(ValueError, match="no results for nope"):
+        frontier_frame(_frame(), ["nope"], ["fixed-a", "fixed-b"])
+
+
+def _write_run(path, rows: list[dict]) -> None:
+    path.mkdir()
+    with open(path / "results.jsonl", "w") as f:
+        for r in rows:
+            line = {"key": f"{r['task']}|{r['problem_id']}|{r['label']}|s0", "task": r["task"],
+                    "problem_id": r["problem_id"], "method": r["label"], "label": r["label"], "baseline": "lossless",
+                    "lossless": r["lossless"], "seed": 0, "params": {}, "grade": {"passed": r["passed"], "score": 1.0},
+                    "accepted": r["accepted"], "emitted_accepted": r["accepted"], "rounds": r["rounds"],
+                    "drafted": 5 * r["rounds"], "new_tokens": 40, "timings": {"total_s": 1.0},
+                    "finish_reason": "stop", "text": "", "token_ids": []}
+            f.write(json.dumps(line) + "\n")
+
+
+def test_command_writes_the_frontier(tmp_path):
+    df = _frame()
+    _write_run(tmp_path / "budget", df[df["label"].str.startswith("budget")].to_dict("records"))
+    _write_run(tmp_path / "fixed", df[~df["label"].str.startswith("budget")].to_dict("records"))
+    res = CliRunner().invoke(main, ["bench", "budget", str(tmp_path / "budget"), "--fixed-run", str(tmp_path / "fixed"),
+                                    "--fixed", "fixed-a", "--fixed", "fixed-b", "--n-boot", "200"])
+    assert res.exit_code == 0, res.output
+    assert "+10.0" in res.output and "outside the fixed range" in res.output
+    assert (tmp_path / "budget" / "report" / "frontier.png").exists()
