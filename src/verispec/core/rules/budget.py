@@ -10,9 +10,9 @@ TV(pi_theta, p), pi_theta the rule's exact induced distribution (:meth:`Rule.ind
 - lenience (Eq. 10-11): pi_l = min(q, p/l) where q > p (at least p there) and q + Delta (p - q) <= p where
   q <= p, so TV = sum_{q > p} (min(q, p/l) - p) = f(u) = sum_x min(d_x, p_x u) with d = [q - p]+ and
   u = 1/l - 1: concave, piecewise linear and non-decreasing in u, with a breakpoint at b_x = d_x / p_x per
-  token. The largest u with f(u) <= epsilon is found exactly in O(V): the breakpoints are binned on a log grid,
-  f is evaluated at every bin edge from the bins' sums, and the one bin holding the solution is sorted and
-  walked segment by segment (:func:`_lenience_u`).
+  token. The largest u with f(u) <= epsilon is found exactly in O(V): the breakpoints are binned by binary
+  exponent, f is evaluated at every bin edge from the bins' sums, and the one bin holding the solution is sorted
+  and walked segment by segment (:func:`_lenience_u`).
 
 Both return the parameter (per row) and the realized distance, computed by the closed form again at the returned
 parameter, which is nudged toward lossless if rounding put it a hair over epsilon: the budget always holds as
@@ -44,9 +44,10 @@ from verispec.core.rules.base import Rule
 __all__ = ["FAMILIES", "Budget", "Family", "PerPosition", "budgeted", "choose", "family_of", "tv_closed_form",
            "tv_to_target"]
 
-#: log-spaced bins of the lenience breakpoints: enough that the solving bin holds few tokens of a 150k vocabulary
-_BINS = 512
-_B_LOW = 1e-9
+#: the lenience breakpoints are binned by binary exponent from 2^_E0 up (smaller ones share the first bin)
+_E0 = -40
+#: relative step inside the exact solution, so that float rounding rarely puts the distance over the budget
+_SHRINK = 1e-12
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     f.rule: f
     for f in (
-        Family("lenience", "l", 1e-3),
+        Family("lenience", "l", 1 / 1025),  # u = 1/l - 1 up to 2^10: the exponent bins end there
         Family("cos-we", "lam", 0.0),
     )
 }
@@ -198,57 +199,59 @@ def tv_to_target(name: str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tenso
     return 0.5 * (pi - p).abs().sum(-1, keepdim=True)
 
 
-def tv_closed_form(name: str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """TV(pi_theta, p) per row ([..., 1]) by the family's closed form (module docstring)."""
+def tv_closed_form(name: str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tensor,
+                   d: torch.Tensor | None = None) -> torch.Tensor:
+    """TV(pi_theta, p) per row ([..., 1]) by the family's closed form (module docstring); ``d``: [q - p]+ if the
+    caller has it."""
     _family(name)
+    if d is None:
+        d = (q - p).clamp(min=0)
     if name == "cos-we":
-        return (1 - theta) * (q - p).clamp(min=0).sum(-1, keepdim=True)
-    u = 1 / theta - 1
-    return torch.minimum((q - p).clamp(min=0), p * u).sum(-1, keepdim=True)
+        return (1 - theta) * d.sum(-1, keepdim=True)
+    return torch.minimum(d, p * (1 / theta - 1)).sum(-1, keepdim=True)
 
 
-def _lenience_u(p: torch.Tensor, q: torch.Tensor, eps: torch.Tensor, u_max: float) -> torch.Tensor:
-    """The largest u in [0, u_max] with f(u) = sum_x min(d_x, p_x u) <= eps, per row of [R, V] (eps [R])."""
-    k = _BINS
-    step = (math.log(u_max) - math.log(_B_LOW)) / (k - 1)
-    # edges e_0 = 0 < e_1 = _B_LOW < ... < e_K = u_max; bin j holds b in [e_j, e_{j+1}); bin K: b >= u_max (never
-    # saturated on the range). A breakpoint within rounding of an edge may land in the neighbouring bin: at such
-    # a b, d = p b is p e_j to rounding, so f at the edges moves by rounding only (the caller certifies).
-    edges = torch.cat([torch.zeros(1, dtype=torch.float64),
-                       torch.exp(math.log(_B_LOW) + step * torch.arange(k, dtype=torch.float64))])
-    edges[k] = u_max
-    out = torch.full((p.shape[0],), u_max, dtype=torch.float64)
-    d_all = q - p
-    for r in range(p.shape[0]):
-        e = float(eps[r])
-        live = ((d_all[r] > 0) & (p[r] > 0)).nonzero().squeeze(-1)  # other tokens add 0 to f for every u
-        if live.numel() == 0:
-            continue  # f = 0: every parameter induces p
-        d, pl = d_all[r, live], p[r, live]
-        b = d / pl
-        idx = ((b.clamp(min=_B_LOW / 2).log() - math.log(_B_LOW)) / step).floor_().add_(1).clamp_(0, k).long()
-        dsum = torch.zeros(k + 1, dtype=torch.float64).index_add_(0, idx, d)
-        psum = torch.zeros(k + 1, dtype=torch.float64).index_add_(0, idx, pl)
-        # f(e_j) = sum of d over bins < j + e_j * sum of p over bins >= j, for j = 0..K
-        below = torch.cat([torch.zeros(1, dtype=torch.float64), dsum.cumsum(0)[:k]])
-        above = psum.flip(0).cumsum(0).flip(0)
-        f_edges = below + edges * above
-        if float(f_edges[k]) <= e:
-            continue  # the whole range fits: the most relaxed parameter
-        j = max(int((f_edges <= e).sum()) - 1, 0)  # f non-decreasing, f(e_0) = 0: the last edge that fits
-        c, pg = float(below[j]), float(above[j])
-        sel = (idx == j).nonzero().squeeze(-1)
-        bs, order = b[sel].sort()
-        ds, ps = d[sel][order], pl[sel][order]
+def _lenience_u(p: torch.Tensor, d: torch.Tensor, eps: torch.Tensor, u_max: float) -> torch.Tensor:
+    """The largest u in [0, u_max] with f(u) = sum_x min(d_x, p_x u) <= eps, per row of [R, V] (d = [q - p]+,
+    eps [R]; u_max a power of two)."""
+    rows, e_top = p.shape[0], math.frexp(u_max)[1] - 1  # u_max = 2^e_top
+    k = e_top + 1 - _E0  # bins 0..k-1 below u_max, bin k at or beyond it
+    # bin j >= 1 holds b in [2^(j + E0 - 1), 2^(j + E0)) (frexp's exponent minus E0), bin 0 everything smaller,
+    # bin k everything >= u_max: edges e_0 = 0 < e_1 = 2^E0 < ... < e_k = u_max. Tokens with d = 0 (b = 0) land in
+    # bin 0, saturated from u = 0 on with nothing to add; tokens with p = 0 < d in bin k, never saturated on the
+    # range and with no slope: neither needs filtering out.
+    edges = torch.tensor([0.0] + [2.0 ** (j + _E0 - 1) for j in range(1, k + 1)], dtype=torch.float64)
+    # the breakpoints, floored into bin 0 for binning (0 = d has exponent 0 in frexp); exact ones in the walk below
+    safe_p = p.clamp(min=1e-300)
+    idx = torch.frexp((d / safe_p).clamp_(min=2.0 ** (_E0 - 2), max=2 * u_max)).exponent.sub_(_E0).clamp_(0, k)
+    flat = (idx + torch.arange(rows, dtype=idx.dtype).unsqueeze(1) * (k + 1)).flatten()
+    dsum = torch.zeros(rows * (k + 1), dtype=torch.float64).index_add_(0, flat, d.flatten()).view(rows, k + 1)
+    psum = torch.zeros(rows * (k + 1), dtype=torch.float64).index_add_(0, flat, p.flatten()).view(rows, k + 1)
+    # f(e_j) = sum of d over bins < j + e_j * sum of p over bins >= j, for j = 0..k
+    below = torch.cat([torch.zeros(rows, 1, dtype=torch.float64), dsum.cumsum(1)[:, :k]], 1)
+    above = psum.flip(1).cumsum(1).flip(1)
+    f_edges = below + edges * above
+    fits_all = f_edges[:, k] <= eps
+    j = ((f_edges <= eps.unsqueeze(1)).sum(1) - 1).clamp_(min=0)  # f non-decreasing, f(e_0) = 0: last edge that fits
+    out = torch.full((rows,), u_max, dtype=torch.float64)
+    todo = (~fits_all).nonzero().flatten().tolist()
+    if not todo:
+        return out
+    in_bin = idx == j.to(idx.dtype).unsqueeze(1)
+    zero = torch.zeros(1, dtype=torch.float64)
+    for r in todo:
+        e, jr = float(eps[r]), int(j[r])
+        sel = in_bin[r].nonzero().squeeze(-1)
+        bs, order = (d[r, sel] / safe_p[r, sel]).sort()
+        ds, ps = d[r, sel][order], p[r, sel][order]
         # at breakpoint i of the bin, f = c + sum_{i' < i} d + b_i (pg - sum_{i' < i} p)
-        zero = torch.zeros(1, dtype=torch.float64)
-        cs = c + torch.cat([zero, ds.cumsum(0)])
-        pgs = pg - torch.cat([zero, ps.cumsum(0)])
+        cs = float(below[r, jr]) + torch.cat([zero, ds.cumsum(0)])
+        pgs = float(above[r, jr]) - torch.cat([zero, ps.cumsum(0)])
         over = (cs[:-1] + bs * pgs[:-1]) > e
         i = int(over.nonzero()[0]) if bool(over.any()) else len(bs)
         slope = float(pgs[i])
         u = (e - float(cs[i])) / slope if slope > 0 else u_max
-        out[r] = min(max(u, 0.0), u_max)
+        out[r] = min(max(u * (1 - _SHRINK), 0.0), u_max)  # a hair inside, so rounding rarely needs the nudge
     return out
 
 
@@ -261,6 +264,7 @@ def choose(name: str, p: torch.Tensor, q: torch.Tensor, epsilon: float | torch.T
     eps = torch.as_tensor(epsilon, dtype=torch.float64).expand(p.shape[:-1] + (1,))
     if bool(torch.isnan(eps).any()) or bool((eps < 0).any()):
         raise ValueError(f"the budget epsilon must be >= 0, got {epsilon}")
+    d = None
     if name == "cos-we":
         tv_q = (q - p).clamp(min=0).sum(-1, keepdim=True)
         safe = torch.where(tv_q > 0, tv_q, torch.ones_like(tv_q))
@@ -268,13 +272,14 @@ def choose(name: str, p: torch.Tensor, q: torch.Tensor, epsilon: float | torch.T
                             torch.full_like(tv_q, fam.lowest))  # q = p: every lam induces p
     else:
         u_max = 1 / fam.lowest - 1
-        flat = _lenience_u(p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1]), eps.reshape(-1), u_max)
+        d = (q - p).clamp_(min=0)
+        flat = _lenience_u(p.reshape(-1, p.shape[-1]), d.reshape(-1, d.shape[-1]), eps.reshape(-1), u_max)
         theta = (1 / (1 + flat)).reshape(eps.shape).clamp(min=fam.lowest, max=1.0)
-    tv = tv_closed_form(name, p, q, theta)
+    tv = tv_closed_form(name, p, q, theta, d)
     for _ in range(64):  # rounding: step toward lossless until the computed distance is within the budget
         over = tv > eps
         if not bool(over.any()):
             break
         theta = torch.where(over, theta + (1 - theta) * 1e-9 + 1e-15, theta).clamp(max=1.0)
-        tv = tv_closed_form(name, p, q, theta)
+        tv = tv_closed_form(name, p, q, theta, d)
     return theta, tv
