@@ -47,6 +47,9 @@ __all__ = ["balanced", "compare_runs", "first_difference", "gap_difference", "lo
            "write_report"]
 
 CONTEXT = 80
+#: numbers in the CSVs: 10 significant digits, so that a report regenerates byte for byte on any machine (the
+#: bootstrap's matrix products may differ in the last bits between BLAS kernels and thread counts)
+CSV_FLOAT = "%.10g"
 
 
 # ------------------------------------------------------------------------------------------------- frames
@@ -652,17 +655,19 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, n_boot:
         "be_vs_param": out / "be_vs_param.png",
         "report": out / "report.md",
     }
-    seeds.to_csv(files["per_seed"], index=False)
-    st.assign(param=st["params"].map(_param_text)).to_csv(files["settings"], index=False)
+    seeds.to_csv(files["per_seed"], index=False, float_format=CSV_FLOAT)
+    st.assign(param=st["params"].map(_param_text)).to_csv(files["settings"], index=False,
+                                                           float_format=CSV_FLOAT)
     settings_all = out / "table_settings_all.csv"
     if uneven:
         files["settings_all"] = settings_all
-        st_all.assign(param=st_all["params"].map(_param_text)).to_csv(settings_all, index=False)
+        st_all.assign(param=st_all["params"].map(_param_text)).to_csv(settings_all, index=False,
+                                                                       float_format=CSV_FLOAT)
     else:  # a rebuild after the run completed: a table left from an earlier, uneven report would be stale
         settings_all.unlink(missing_ok=True)
-    mt.to_csv(files["methods"], index=False)
-    dt.to_csv(files["delta"], index=False)
-    dd.to_csv(files["diffs_csv"], index=False)
+    mt.to_csv(files["methods"], index=False, float_format=CSV_FLOAT)
+    dt.to_csv(files["delta"], index=False, float_format=CSV_FLOAT)
+    dd.to_csv(files["diffs_csv"], index=False, float_format=CSV_FLOAT)
     files["diffs"].write_text(_diffs_md(dd))
     plot_tradeoff(st, tasks, order, files["tradeoff"])
     if not plot_be_vs_param(st, tasks, order, files["be_vs_param"]):

@@ -295,7 +295,7 @@ def _fmt(x: object, digits: int = 2) -> str:
 
 
 def power_markdown(table: pd.DataFrame) -> str:
-    header = ["claim", "paper effect (dAcc pp / dBE)", "analogue (tasks)", "pairs", "sd dAcc pp", "sd dBE",
+    header = ["claim", "paper effect (dAcc pp / dBE)", "analogue (tasks)", "pairs", "sd dAcc pp", "sd d(unit BE)",
               "deff acc / BE", "n pairs acc", "n pairs BE"]
     rows = []
     for _, r in table.iterrows():
@@ -330,7 +330,7 @@ def plan_markdown(table: pd.DataFrame, units_per_hour: float) -> str:
 
 def coupling_markdown(table: pd.DataFrame) -> str:
     header = ["lossy", "baseline", "pairs (common / indep.)", "mean dAcc pp (c / i)", "var dAcc (c / i)",
-              "ratio acc [95% CI]", "mean dBE (c / i)", "var dBE (c / i)", "ratio BE [95% CI]",
+              "ratio acc [95% CI]", "mean d(unit BE) (c / i)", "var d(unit BE) (c / i)", "ratio BE [95% CI]",
               "discordant pass/fail (c / i)"]
     rows = [[r["lossy"], r["baseline"], f"{r['n_common']} / {r['n_independent']}",
              f"{_fmt(r['mean_acc_common'], 1)} / {_fmt(r['mean_acc_independent'], 1)}",
