@@ -275,7 +275,7 @@ def generate(
     ``drafter`` and ``target_backend``: "auto" (the default) runs both on llama.cpp when it is installed, else
     on transformers (:func:`~verispec.defaults.resolve_backends`). ``gamma``: the draft length (tree: depth),
     "auto", or None for :data:`~verispec.defaults.SERVING_GAMMA` (the adaptive schedule: drafts only while it pays
-    here; pass a constant for a seed-reproducible sampled run). ``verifier``: "token" or "block" (block
+    here; pass a constant for a seed-reproducible sampled run). ``verifier``: "token", "block" or "hsd" (block
     verification, lossless rules: :mod:`verispec.core.verify.block`). ``logit_bias``: token id -> a bias in
     [-100, 100] added to that token's logit, for the target and the draft alike. ``logprobs``: each generated
     token's log-probability and that many alternatives in ``result.logprobs``, under ``logprobs_mode`` ("emitted":

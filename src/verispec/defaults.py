@@ -56,6 +56,8 @@ VERIFIERS: dict[str, str] = {
     "token": "token by token with the rule's acceptance h and correction r (every rule; chains and trees)",
     "block": "block verification (Sun et al. 2024): the longest prefix passing its block test; lossless rules, "
              "chains only",
+    "hsd": "hierarchical verification (Zhou et al. 2026): the whole block by its capped joint ratio, else a walk "
+           "back through the prefixes; lossless rules, chains only",
 }
 DEFAULT_VERIFIER = "token"
 
@@ -64,11 +66,11 @@ def check_verifier(verifier: str, lossless: bool, trees: bool) -> None:
     """ValueError naming the problem when ``verifier`` is unknown or cannot verify this rule or proposal."""
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
-    if verifier == "block" and not lossless:
-        raise ValueError("verifier 'block' verifies the lossless law: use a lossless rule, or verifier 'token' "
+    if verifier != "token" and not lossless:
+        raise ValueError(f"verifier {verifier!r} verifies the lossless law: use a lossless rule, or verifier 'token' "
                          "for a lossy one")
-    if verifier == "block" and trees:
-        raise ValueError("verifier 'block' verifies a chain; token trees are verified token by token")
+    if verifier != "token" and trees:
+        raise ValueError(f"verifier {verifier!r} verifies a chain; token trees are verified token by token")
 
 
 #: the most alternatives a token's logprobs may list (the OpenAI API's limit for top_logprobs)

@@ -20,6 +20,7 @@ import torch
 from verispec.core.rules import Rule, get
 from verispec.core.rules.budget import Budget, budgeted, choose, family_of
 from verispec.core.verify.block import block_acceptance, block_residual, block_weights
+from verispec.core.verify.hsd import hsd_ratios, hsd_residual, hsd_stop
 from verispec.defaults import VERIFIERS, check_verifier
 
 __all__ = ["VERIFIERS", "expected_accepted", "round_law", "sequence_distribution"]
@@ -128,17 +129,56 @@ def _block_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) ->
     return out
 
 
+def _hsd_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+    """Every draft path weighed by prod q; the whole block kept with probability rho_g, else the walk down the
+    depths (:mod:`verispec.core.verify.hsd`), with the sampler's own functions."""
+    out: dict[tuple[int, ...], float] = {}
+    V = int(p_fn(prefix).shape[-1])
+    for path in itertools.product(range(V), repeat=g):
+        prob, qs, ps = 1.0, [], []
+        for i in range(g):
+            q = q_fn(prefix + path[:i]).to(torch.float64)
+            prob *= float(q[path[i]])
+            if prob == 0.0:
+                break
+            qs.append(q)
+            ps.append(p_fn(prefix + path[:i]).to(torch.float64))
+        if prob == 0.0:
+            continue
+        ps.append(p_fn(prefix + path).to(torch.float64))
+        p, q = torch.stack(ps).unsqueeze(0), torch.stack(qs).unsqueeze(0)
+        rho = hsd_ratios(torch.tensor([path], dtype=torch.long), q, p)
+        stop = hsd_stop(rho, q, p)[0].tolist()
+        whole = float(rho[0, g])
+        for y in torch.nonzero(p[0, g] > 0).flatten().tolist():
+            out[path + (y,)] = out.get(path + (y,), 0.0) + prob * whole * float(p[0, g, y])
+        left = prob * (1.0 - whole)
+        for i in range(g, 0, -1):  # depth i keeps path[: i - 1] and redraws token i
+            if left <= 0.0:
+                break
+            here = left * stop[i - 1]
+            if here > 0.0:
+                r = hsd_residual(rho[:, i - 1], p[:, i - 1], q[:, i - 1])[0]
+                for y in torch.nonzero(r > 0).flatten().tolist():
+                    key = path[: i - 1] + (y,)
+                    out[key] = out.get(key, 0.0) + here * float(r[y])
+            left -= here
+    return out
+
+
 def round_law(rule: Rule | str, p_fn: DistFn, q_fn: DistFn | None, g: int, prefix: tuple[int, ...] = (),
               verifier: str = "token") -> dict[tuple[int, ...], float]:
     """Exact law of the tokens one round emits after ``prefix`` with ``g`` drafts (accepted drafts + one
-    correction or bonus token); ``q_fn=None`` or ``g = 0``: one target step. Block verification needs a lossless
-    rule (it verifies against the target's p)."""
+    correction or bonus token); ``q_fn=None`` or ``g = 0``: one target step. Block and HSD verification need a
+    lossless rule (they verify against the target's p)."""
     rule = get(rule) if isinstance(rule, str) else rule
     check_verifier(verifier, rule.lossless, trees=False)
     if q_fn is None:
         g = 0
     if verifier == "block" and g > 0:
         return _block_round(p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
+    if verifier == "hsd" and g > 0:
+        return _hsd_round(p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
     return _token_round(rule, p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
 
 
@@ -162,7 +202,8 @@ def sequence_distribution(
 
     ``p_fn(prefix)`` / ``q_fn(prefix)`` return the processed target / draft distributions (float64, [V]) for
     the next token after ``prefix`` (the full sequence so far). ``q_fn=None`` means the target alone (gamma 0).
-    ``verifier``: "token" (the rule, token by token) or "block" (:mod:`verispec.core.verify.block`).
+    ``verifier``: "token" (the rule, token by token), "block" (:mod:`verispec.core.verify.block`) or "hsd"
+    (:mod:`verispec.core.verify.hsd`).
     ``budget``: a divergence budget on the rule's family (:mod:`verispec.core.rules.budget`), with ``length`` as
     the request's max_new_tokens, exactly as the engine spends it.
     """

@@ -31,6 +31,7 @@ from verispec.core.rules.lossless import Lossless
 from verispec.core.sampling import SamplingConfig, adjust_logits, process
 from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
+from verispec.core.verify.hsd import verify_chain_hsd
 from verispec.core.verify.tree import TokenTree, check_tree_rule, tree_path, verify_tree
 from verispec.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -47,6 +48,9 @@ from verispec.runtime.text import find_stop
 from verispec.runtime.types import GenerationResult, Metrics, Request, Row, TokenLogprob
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
+
+#: the verifiers of a whole chain under the lossless law, besides the rule's own token-by-token one
+CHAIN_VERIFIERS = {"block": verify_chain_block, "hsd": verify_chain_hsd}
 
 
 class Engine:
@@ -315,8 +319,8 @@ class Engine:
             else:
                 p = process(logits, r.cfg, hist)
                 q = prop.q.unsqueeze(0) if prop.q is not None and not r.cfg.greedy else None
-                if r.request.verifier == "block":
-                    res = verify_chain_block(y_t, q, p.unsqueeze(0), r.generator)
+                if r.request.verifier in CHAIN_VERIFIERS:
+                    res = CHAIN_VERIFIERS[r.request.verifier](y_t, q, p.unsqueeze(0), r.generator)
                 elif r.budget is not None and y:
                     res = verify_block(self._budgeted(r, p, prop), y_t, q, p.unsqueeze(0), r.generator)
                 else:
@@ -455,11 +459,11 @@ class Engine:
         message without disturbing the others).
 
         A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
-        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``: "token"
-        or "block" (:mod:`verispec.core.verify.block`; lossless rules, chains). ``logprobs``: report each generated
-        token's log-probability and that many alternatives (``result.logprobs``), under ``logprobs_mode`` (see
-        :class:`Request`). ``prompt_logprobs``: each prompt token's log-probability under the target
-        (``result.prompt_logprobs``, :meth:`prompt_logprobs`). ``response_format``: structured output (a JSON
+        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``: "token",
+        "block" (:mod:`verispec.core.verify.block`) or "hsd" (:mod:`verispec.core.verify.hsd`; lossless rules,
+        chains). ``logprobs``: report each generated token's log-probability and that many alternatives
+        (``result.logprobs``), under ``logprobs_mode`` (see :class:`Request`). ``prompt_logprobs``: each prompt
+        token's log-probability under the target (``result.prompt_logprobs``, :meth:`prompt_logprobs`). ``response_format``: structured output (a JSON
         schema, any JSON object, a regex or a Lark grammar; :mod:`verispec.runtime.grammar`), a constraint on
         target and draft alike. ``budget``: a divergence budget on a lenience or CoS-WE rule
         (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per position, ``{"tv_total": B}`` per
