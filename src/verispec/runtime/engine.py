@@ -463,9 +463,9 @@ class Engine:
         "block" (:mod:`verispec.core.verify.block`) or "hsd" (:mod:`verispec.core.verify.hsd`; lossless rules,
         chains). ``logprobs``: report each generated token's log-probability and that many alternatives
         (``result.logprobs``), under ``logprobs_mode`` (see :class:`Request`). ``prompt_logprobs``: each prompt
-        token's log-probability under the target (``result.prompt_logprobs``, :meth:`prompt_logprobs`). ``response_format``: structured output (a JSON
-        schema, any JSON object, a regex or a Lark grammar; :mod:`verispec.runtime.grammar`), a constraint on
-        target and draft alike. ``budget``: a divergence budget on a lenience or CoS-WE rule
+        token's log-probability under the target (``result.prompt_logprobs``, :meth:`prompt_logprobs`).
+        ``response_format``: structured output (a JSON schema, any JSON object, a regex or a Lark grammar;
+        :mod:`verispec.runtime.grammar`), a constraint on target and draft alike. ``budget``: a divergence budget on a lenience or CoS-WE rule
         (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per position, ``{"tv_total": B}`` per
         sequence); ``result.metrics.budget`` reports the spent budget and each token's parameter and distance.
         Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
