@@ -459,17 +459,17 @@ class Engine:
         message without disturbing the others).
 
         A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
-        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``: "token",
-        "block" (:mod:`verispec.core.verify.block`) or "hsd" (:mod:`verispec.core.verify.hsd`; lossless rules,
-        chains). ``logprobs``: report each generated token's log-probability and that many alternatives
+        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``:
+        "token", "block" (:mod:`verispec.core.verify.block`) or "hsd" (:mod:`verispec.core.verify.hsd`; lossless
+        rules, chains). ``logprobs``: report each generated token's log-probability and that many alternatives
         (``result.logprobs``), under ``logprobs_mode`` (see :class:`Request`). ``prompt_logprobs``: each prompt
         token's log-probability under the target (``result.prompt_logprobs``, :meth:`prompt_logprobs`).
         ``response_format``: structured output (a JSON schema, any JSON object, a regex or a Lark grammar;
-        :mod:`verispec.runtime.grammar`), a constraint on target and draft alike. ``budget``: a divergence budget on a lenience or CoS-WE rule
-        (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per position, ``{"tv_total": B}`` per
-        sequence); ``result.metrics.budget`` reports the spent budget and each token's parameter and distance.
-        Rows run ``batch_size`` at a time (default: all), joining and leaving between rounds. Stops on EOS ids
-        and ``stop`` strings, never overshooting ``max_new_tokens``.
+        :mod:`verispec.runtime.grammar`), a constraint on target and draft alike. ``budget``: a divergence
+        budget on a lenience or CoS-WE rule (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per
+        position, ``{"tv_total": B}`` per sequence); ``result.metrics.budget`` reports the spent budget and each
+        token's parameter and distance. Rows run ``batch_size`` at a time (default: all), joining and leaving
+        between rounds. Stops on EOS ids and ``stop`` strings, never overshooting ``max_new_tokens``.
         """
         single = isinstance(prompt, str) or len(prompt) == 0 or not isinstance(prompt[0], str | list | tuple)  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
