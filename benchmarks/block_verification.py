@@ -1,19 +1,23 @@
-"""Block verification against token-wise verification on the real pair: measured and predicted gains, side by side.
+"""Block and HSD verification against token-wise verification on the real pair: measured and predicted gains, side by
+side.
 
 For each prompt set (HumanEval, held-out chat prompts), temperature (0.7, 1.0) and seed, the same request runs with
-``verifier="token"`` and ``verifier="block"`` (same pair, same constant gamma, same seed: coupled), alternated.
+``verifier="token"``, ``"block"`` and ``"hsd"`` (same pair, same constant gamma, same seed: coupled), in turn.
 Measured: accepted drafts per round (block efficiency, the paper's: bonus excluded), tokens/s and verification
 time per round. Predicted, exactly, on the rounds' logged (p, q): for the drafts x_1 .. x_gamma each round actually
 proposed, the conditional expected number of accepted drafts under each verifier,
 
     token: sum_i prod_{j <= i} min(1, p_j(x_j) / q_j(x_j))
     block: sum_i i h_i prod_{j > i} (1 - h_j)          (h from verispec.core.verify.block)
+    hsd:   gamma rho_gamma + (1 - rho_gamma) sum over the walk's depths i of (i - 1) P(stop at i)
+                                                       (rho, stops from verispec.core.verify.hsd)
 
 averaged over the rounds (an unbiased estimate of each verifier's expected accepted length, free of the accept
-tests' randomness). Both verifiers' predictions are computed on every round of both runs. Prints a table with 95%
+tests' randomness). Every verifier's prediction is computed on every round of every run. Prints a table with 95%
 bootstrap CIs of the per-pair differences; writes JSON. Not a test: nothing is asserted.
 
-    python benchmarks/block_verification.py --prompts 3 --max-new-tokens 96 --out docs/results/block_verification.json
+    python benchmarks/block_verification.py --prompts 3 --seeds 2 --max-new-tokens 64 \
+        --out docs/results/block_verification.json
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ import verispec.runtime.engine as engine_mod
 from verispec import SamplingConfig, load_engine
 from verispec.core.verify.block import block_acceptance, block_weights
 from verispec.core.verify.chain import as_float64, verify_block
+from verispec.core.verify.hsd import hsd_ratios, hsd_stop
 from verispec.eval.tasks import get_task
 
-LOG: list[tuple[float, float]] = []  # (predicted token, predicted block) per round of the current run
+VERIFIERS = ("token", "block", "hsd")
+LOG: list[dict[str, float]] = []  # each verifier's predicted accepted drafts, per round of the current run
 
 
-def predicted(y: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> tuple[float, float]:
+def predicted(y: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> dict[str, float]:
     """Exact conditional expected accepted drafts of one round given its drafts, under each verifier."""
     p = as_float64(p)
     q = torch.zeros_like(p[:, :-1]).scatter_(-1, y.unsqueeze(-1), 1.0) if q is None else as_float64(q)
@@ -52,7 +58,15 @@ def predicted(y: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> tuple
         for hj in h[i:]:
             pr *= 1 - hj
         block += i * pr
-    return token, block
+    gamma = y.shape[1]
+    rho = hsd_ratios(y, q, p)
+    stop = hsd_stop(rho, q, p)[0].tolist()
+    whole = float(rho[0, gamma])
+    hsd, left = gamma * whole, 1 - whole
+    for i in range(gamma, 0, -1):
+        hsd += (i - 1) * left * stop[i - 1]
+        left *= 1 - stop[i - 1]
+    return {"token": token, "block": block, "hsd": hsd}
 
 
 def logged(fn):
@@ -75,7 +89,7 @@ def ci(xs: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float, 
 def main() -> None:
     torch.set_num_threads(ARGS.threads)
     engine_mod.verify_block = logged(engine_mod.verify_block)
-    engine_mod.verify_chain_block = logged(engine_mod.verify_chain_block)
+    engine_mod.CHAIN_VERIFIERS = {k: logged(v) for k, v in engine_mod.CHAIN_VERIFIERS.items()}
     eng = load_engine(drafter="model", dtype=ARGS.dtype, threads=ARGS.threads)
     tok = eng.tokenizer
     sets = {
@@ -93,7 +107,7 @@ def main() -> None:
             for i, ids in enumerate(prompts):
                 for seed in range(ARGS.seeds):
                     pair = {}
-                    for verifier in ("token", "block"):
+                    for verifier in VERIFIERS:
                         LOG.clear()
                         res = eng.generate(list(ids), sampling=SamplingConfig(temperature=temp), gamma=ARGS.gamma,
                                            max_new_tokens=ARGS.max_new_tokens, seed=seed, verifier=verifier)
@@ -101,12 +115,11 @@ def main() -> None:
                         pair[verifier] = {
                             "be": m.block_efficiency, "tokens_per_s": m.new_tokens / m.total_s,
                             "verify_ms_per_round": 1000 * m.verify_s / m.rounds, "rounds": m.rounds,
-                            "pred_token": statistics.fmean(t for t, _ in LOG) if LOG else 0.0,
-                            "pred_block": statistics.fmean(b for _, b in LOG) if LOG else 0.0,
+                            **{f"pred_{v}": statistics.fmean(r[v] for r in LOG) if LOG else 0.0 for v in VERIFIERS},
                         }
-                        print(f"[{key}] prompt {i} seed {seed} {verifier:5s} BE {pair[verifier]['be']:.2f} "
-                              f"pred token {pair[verifier]['pred_token']:.3f} block {pair[verifier]['pred_block']:.3f}"
-                              f" {pair[verifier]['tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+                        print(f"[{key}] prompt {i} seed {seed} {verifier:5s} BE {pair[verifier]['be']:.2f} pred "
+                              + " ".join(f"{v} {pair[verifier]['pred_' + v]:.3f}" for v in VERIFIERS)
+                              + f" {pair[verifier]['tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
                     pairs.append(pair)
             report["cells"][key] = summarize(key, pairs)
             if ARGS.out:
@@ -116,26 +129,25 @@ def main() -> None:
 
 
 def summarize(key: str, pairs: list[dict]) -> dict:
-    d_be = [p["block"]["be"] - p["token"]["be"] for p in pairs]
-    d_tps = [p["block"]["tokens_per_s"] / p["token"]["tokens_per_s"] - 1 for p in pairs]
-    # predicted gain on the same rounds: block's and token's exact expectations over every logged round
-    d_pred = [(p["token"]["pred_block"] + p["block"]["pred_block"]) / 2
-              - (p["token"]["pred_token"] + p["block"]["pred_token"]) / 2 for p in pairs]
-    out = {
-        "pairs": pairs,
-        "be_token": statistics.fmean(p["token"]["be"] for p in pairs),
-        "be_block": statistics.fmean(p["block"]["be"] for p in pairs),
-        "be_gain": ci(d_be), "tokens_per_s_gain": ci(d_tps), "predicted_be_gain": ci(d_pred),
-        "verify_ms_token": statistics.fmean(p["token"]["verify_ms_per_round"] for p in pairs),
-        "verify_ms_block": statistics.fmean(p["block"]["verify_ms_per_round"] for p in pairs),
-    }
+    out: dict = {"pairs": pairs}
+    for v in VERIFIERS:
+        out[f"be_{v}"] = statistics.fmean(p[v]["be"] for p in pairs)
+        out[f"verify_ms_{v}"] = statistics.fmean(p[v]["verify_ms_per_round"] for p in pairs)
     f = "{:+.3f} [{:+.3f}, {:+.3f}]".format
-    print(f"\n## {key} ({len(pairs)} coupled pairs, gamma {ARGS.gamma}, {ARGS.max_new_tokens} new tokens)\n"
-          f"| BE token | BE block | measured BE gain (95% CI) | predicted BE gain (95% CI) | tok/s gain (95% CI) |"
-          f" verify ms/round token, block |\n|---|---|---|---|---|---|\n"
-          f"| {out['be_token']:.3f} | {out['be_block']:.3f} | {f(*out['be_gain'])} | {f(*out['predicted_be_gain'])} | "
-          f"{f(*out['tokens_per_s_gain'])} | {out['verify_ms_token']:.2f}, {out['verify_ms_block']:.2f} |",
-          flush=True)
+    lines = [f"\n## {key} ({len(pairs)} coupled pairs, gamma {ARGS.gamma}, {ARGS.max_new_tokens} new tokens)",
+             "| verifier | BE | measured BE gain over token (95% CI) | predicted BE gain (95% CI) "
+             "| tok/s gain (95% CI) | verify ms/round |", "|---|---|---|---|---|---|"]
+    for v in VERIFIERS[1:]:
+        d_be = [p[v]["be"] - p["token"]["be"] for p in pairs]
+        d_tps = [p[v]["tokens_per_s"] / p["token"]["tokens_per_s"] - 1 for p in pairs]
+        # predicted gain on the same rounds: both verifiers' exact expectations over every logged round of the pair
+        d_pred = [statistics.fmean(p[w][f"pred_{v}"] - p[w]["pred_token"] for w in VERIFIERS) for p in pairs]
+        out[f"be_gain_{v}"], out[f"tokens_per_s_gain_{v}"] = ci(d_be), ci(d_tps)
+        out[f"predicted_be_gain_{v}"] = ci(d_pred)
+        lines.append(f"| {v} | {out[f'be_{v}']:.3f} | {f(*out[f'be_gain_{v}'])} | "
+                     f"{f(*out[f'predicted_be_gain_{v}'])} | {f(*out[f'tokens_per_s_gain_{v}'])} | "
+                     f"{out[f'verify_ms_{v}']:.2f} (token {out['verify_ms_token']:.2f}) |")
+    print("\n".join(lines), flush=True)
     return out
 
 
