@@ -132,20 +132,22 @@ def test_sampled_continuations_match_exact_distribution(rule, cfg, gamma, length
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5)])
-def test_block_verified_continuations_match_the_target_law(cfg):
-    """Block verification through the engine (gamma 3, processors on p and q): chi-square of N = 4000
+@pytest.mark.parametrize(("cfg", "verifier"), [(SamplingConfig(temperature=1.0), "block"),
+                                               (SamplingConfig(temperature=0.8, top_k=5), "block"),
+                                               (SamplingConfig(temperature=0.9, top_p=0.9), "hsd")])
+def test_block_verified_continuations_match_the_target_law(cfg, verifier):
+    """Block and HSD verification through the engine (gamma 3, processors on p and q): chi-square of N = 4000
     continuations against the target's own law, alpha = 1e-4, hard failure on a zero-probability continuation;
-    the enumerated block law equals the target's to 1e-12 first."""
+    the enumerated law of the verifier equals the target's to 1e-12 first."""
     target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
     draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
     p_fn, q_fn = _dist_fns(target, draft, cfg)
     prompt = (1, 3, 2)
     plain = sequence_distribution("lossless", p_fn, None, 0, 3, prompt)
-    block = sequence_distribution("lossless", p_fn, q_fn, 3, 3, prompt, verifier="block")
-    assert max(abs(block.get(k, 0) - v) for k, v in plain.items()) < 1e-12
+    law = sequence_distribution("lossless", p_fn, q_fn, 3, 3, prompt, verifier=verifier)
+    assert max(abs(law.get(k, 0) - v) for k, v in plain.items()) < 1e-12
     eng = SpeculativeEngine(HFBackend(target), ModelDrafter(HFBackend(draft)))
-    pvalue = _chi2_sequences(eng, get("lossless"), cfg, plain, list(prompt), 3, 3, verifier="block")
+    pvalue = _chi2_sequences(eng, get("lossless"), cfg, plain, list(prompt), 3, 3, verifier=verifier)
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 
