@@ -190,3 +190,58 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
         observed = np.append(observed[~small], observed[small].sum())
     pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
+N_HSD = 600
+
+
+@pytest.mark.slow
+def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
+    """HSD verification on the real pair (llama.cpp target and draft, gamma 2, T = 1, top_k 2), whole 3-token
+    continuations, so that rounds verify two drafts (with one draft every verifier is token-wise): chi-square
+    goodness of fit to the target's exact law, N = 600 continuations (seeds 0..N-1, 6 rows per batch), alpha =
+    1e-4, bins with expected count < 5 pooled, hard failure on a zero-probability sample; the enumerated HSD law on
+    the same distributions equals the target's first, and a wrong law (naive resampling) would be rejected with
+    power > 0.85 (0.89 here: this law is nearer the naive one than the 2-token law above). Block verification's
+    round law equals HSD's exactly (tests/test_hsd.py)."""
+    from scipy.stats import chi2, ncx2
+
+    from verispec.analysis import sequence_distribution
+
+    cfg = SamplingConfig(temperature=1.0, top_k=2)
+    prompt = tuple(engine.encode("What is 2+2?", chat=True))
+    d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
+    p_fn = _dist_fn(engine.target, cfg)
+    q_fn = _dist_fn(d.backend, cfg, check_gap=False)
+    plain = sequence_distribution("lossless", p_fn, None, 2, 3, prompt)
+    hsd = sequence_distribution("lossless", p_fn, q_fn, 2, 3, prompt, verifier="hsd")
+    assert max(abs(hsd.get(k, 0) - v) for k, v in plain.items()) < 1e-9
+    naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 3, prompt)
+    keys = sorted(plain, key=lambda k: -plain[k])
+    big = [k for k in keys if plain[k] * N_HSD >= 5]
+    e_b = np.array([plain[k] for k in big] + [1 - sum(plain[k] for k in big)])
+    n_b = np.array([naive.get(k, 0.0) for k in big] + [1 - sum(naive.get(k, 0.0) for k in big)])
+    if e_b[-1] <= 1e-12:
+        e_b, n_b = e_b[:-1], n_b[:-1]
+    df = len(e_b) - 1
+    power = float(ncx2.sf(chi2.isf(ALPHA, df), df, N_HSD * float(((n_b - e_b) ** 2 / e_b).sum())))
+    assert power > 0.85, f"naive resampling would not be detected (power {power:.3f})"
+
+    spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
+    outs = spec.generate([list(prompt)] * N_HSD, sampling=cfg, gamma=2, max_new_tokens=3, seed=list(range(N_HSD)),
+                         batch_size=6, verifier="hsd")
+    counts: dict[tuple[int, ...], int] = {}
+    for out in outs:
+        key = tuple(out.token_ids)
+        assert out.error is None
+        assert plain.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
+        counts[key] = counts.get(key, 0) + 1
+    assert sum(out.metrics.accepted for out in outs) > N_HSD // 4  # two-draft rounds were really verified
+    expected = np.array([plain[k] for k in keys]) * N_HSD
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"

@@ -12,7 +12,6 @@ callables; :func:`expected_accepted` is the exact expected number of accepted dr
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import torch
@@ -94,21 +93,26 @@ def _budget_round(rule: Rule, budget: Budget, p_fn: DistFn, q_fn: DistFn, g: int
     return out
 
 
+def _draft_paths(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]):
+    """Every draft path x_1 .. x_g of positive probability under q, depth first over q's support (not all V^g
+    paths: a real vocabulary with top-k has few), with its probability, its q_1 .. q_g and p_1 .. p_{g+1}."""
+
+    def rec(path: tuple[int, ...], prob: float, qs: list, ps: list):
+        pre = prefix + path
+        p = p_fn(pre).to(torch.float64)
+        if len(path) == g:
+            yield path, prob, qs, ps + [p]
+            return
+        q = q_fn(pre).to(torch.float64)
+        for x in torch.nonzero(q > 0).flatten().tolist():
+            yield from rec(path + (x,), prob * float(q[x]), qs + [q], ps + [p])
+
+    yield from rec((), 1.0, [], [])
+
+
 def _block_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
     out: dict[tuple[int, ...], float] = {}
-    V = int(p_fn(prefix).shape[-1])
-    for path in itertools.product(range(V), repeat=g):
-        prob, qs, ps = 1.0, [], []
-        for i in range(g):
-            q = q_fn(prefix + path[:i]).to(torch.float64)
-            prob *= float(q[path[i]])
-            if prob == 0.0:
-                break
-            qs.append(q)
-            ps.append(p_fn(prefix + path[:i]).to(torch.float64))
-        if prob == 0.0:
-            continue
-        ps.append(p_fn(prefix + path).to(torch.float64))
+    for path, prob, qs, ps in _draft_paths(p_fn, q_fn, g, prefix):
         p, q = torch.stack(ps).unsqueeze(0), torch.stack(qs).unsqueeze(0)
         x = torch.tensor([path], dtype=torch.long)
         w = block_weights(x, q, p)
@@ -133,19 +137,7 @@ def _hsd_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) -> d
     """Every draft path weighed by prod q; the whole block kept with probability rho_g, else the walk down the
     depths (:mod:`verispec.core.verify.hsd`), with the sampler's own functions."""
     out: dict[tuple[int, ...], float] = {}
-    V = int(p_fn(prefix).shape[-1])
-    for path in itertools.product(range(V), repeat=g):
-        prob, qs, ps = 1.0, [], []
-        for i in range(g):
-            q = q_fn(prefix + path[:i]).to(torch.float64)
-            prob *= float(q[path[i]])
-            if prob == 0.0:
-                break
-            qs.append(q)
-            ps.append(p_fn(prefix + path[:i]).to(torch.float64))
-        if prob == 0.0:
-            continue
-        ps.append(p_fn(prefix + path).to(torch.float64))
+    for path, prob, qs, ps in _draft_paths(p_fn, q_fn, g, prefix):
         p, q = torch.stack(ps).unsqueeze(0), torch.stack(qs).unsqueeze(0)
         rho = hsd_ratios(torch.tensor([path], dtype=torch.long), q, p)
         stop = hsd_stop(rho, q, p)[0].tolist()
