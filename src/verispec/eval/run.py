@@ -175,8 +175,11 @@ def unit_record(unit: WorkUnit, task: Any, problem: Problem, cfg: SweepConfig, i
 
 def grade_record(task: Any, grade: Grade) -> dict:
     """A result line's ``grade``: pass, score, what was graded, why, and the task's grader (its settings)."""
-    return {"passed": bool(grade.passed), "score": float(grade.score), "extracted": grade.extracted,
-            "detail": grade.detail, "grader": getattr(task, "grader", None)}
+    out = {"passed": bool(grade.passed), "score": float(grade.score), "extracted": grade.extracted,
+           "detail": grade.detail}
+    if getattr(task, "grader", None) is not None:  # tasks that name their grader (their settings) record it
+        out["grader"] = task.grader
+    return out
 
 
 def _budget_record(report: dict) -> dict:
