@@ -140,6 +140,40 @@ def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = Tr
     return fn
 
 
+def _power_against(exact: dict, wrong: dict, n: int) -> float:
+    """Power of the pooled chi-square below (alpha ALPHA, bins with expected count < 5 pooled) to reject ``exact``
+    when the samples follow ``wrong``: the noncentral chi-square's tail at the central one's critical value."""
+    from scipy.stats import chi2, ncx2
+
+    keys = sorted(exact, key=lambda k: -exact[k])
+    big = [k for k in keys if exact[k] * n >= 5]
+    e_b = np.array([exact[k] for k in big] + [1 - sum(exact[k] for k in big)])
+    w_b = np.array([wrong.get(k, 0.0) for k in big] + [1 - sum(wrong.get(k, 0.0) for k in big)])
+    if e_b[-1] <= 1e-12:
+        e_b, w_b = e_b[:-1], w_b[:-1]
+    df = len(e_b) - 1
+    return float(ncx2.sf(chi2.isf(ALPHA, df), df, n * float(((w_b - e_b) ** 2 / e_b).sum())))
+
+
+def _pooled_chisquare(exact: dict, outs: list) -> float:
+    """p-value of the sampled continuations against ``exact`` (bins with expected count < 5 pooled); fails at once
+    on an error or a zero-probability continuation."""
+    counts: dict[tuple[int, ...], int] = {}
+    for out in outs:
+        key = tuple(out.token_ids)
+        assert out.error is None
+        assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
+        counts[key] = counts.get(key, 0) + 1
+    keys = sorted(exact, key=lambda k: -exact[k])
+    expected = np.array([exact[k] for k in keys]) * len(outs)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
 @pytest.mark.slow
 def test_sampled_law_is_the_llamacpp_target_law(engine):
     """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 2),
@@ -147,8 +181,6 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
     llama.cpp distributions), N = 600 continuations (seeds 0..N-1, 6 rows per batch), alpha = 1e-4, bins with
     expected count < 5 pooled, hard failure on a zero-probability sample. The test can fail: the exact law of the
     wrong rule (naive resampling) on the same pair is far enough that this N rejects it with power > 0.99."""
-    from scipy.stats import chi2, ncx2
-
     from verispec.analysis import sequence_distribution
 
     cfg = SamplingConfig(temperature=1.0, top_k=2)
@@ -161,34 +193,13 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9) and len(exact) <= 4
     assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-9  # lossless: the target's own law
     naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 2, prompt)
-    keys = sorted(exact, key=lambda k: -exact[k])
-    e = np.array([exact[k] for k in keys])
-    big = [k for k in keys if exact[k] * N_SEQ >= 5]  # the bins the chi-square below keeps (the rest pooled)
-    e_b = np.array([exact[k] for k in big] + [1 - sum(exact[k] for k in big)])
-    n_b = np.array([naive.get(k, 0.0) for k in big] + [1 - sum(naive.get(k, 0.0) for k in big)])
-    if e_b[-1] <= 1e-12:
-        e_b, n_b = e_b[:-1], n_b[:-1]
-    df = len(e_b) - 1
-    noncentrality = N_SEQ * float(((n_b - e_b) ** 2 / e_b).sum())
-    power = float(ncx2.sf(chi2.isf(ALPHA, df), df, noncentrality))
+    power = _power_against(exact, naive, N_SEQ)
     assert power > 0.99, f"naive resampling would not be detected (power {power:.3f})"
 
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
     outs = spec.generate([list(prompt)] * N_SEQ, sampling=cfg, gamma=2, max_new_tokens=2, seed=list(range(N_SEQ)),
                          batch_size=6)
-    counts: dict[tuple[int, ...], int] = {}
-    for out in outs:
-        key = tuple(out.token_ids)
-        assert out.error is None
-        assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
-        counts[key] = counts.get(key, 0) + 1
-    expected = e * N_SEQ
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    pvalue = _pooled_chisquare(exact, outs)
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
 
@@ -204,8 +215,6 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
     the same distributions equals the target's first, and a wrong law (naive resampling) would be rejected with
     power > 0.85 (0.89 here: this law is nearer the naive one than the 2-token law above). Block verification's
     round law equals HSD's exactly (tests/test_hsd.py)."""
-    from scipy.stats import chi2, ncx2
-
     from verispec.analysis import sequence_distribution
 
     cfg = SamplingConfig(temperature=1.0, top_k=2)
@@ -217,31 +226,12 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
     hsd = sequence_distribution("lossless", p_fn, q_fn, 2, 3, prompt, verifier="hsd")
     assert max(abs(hsd.get(k, 0) - v) for k, v in plain.items()) < 1e-9
     naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 3, prompt)
-    keys = sorted(plain, key=lambda k: -plain[k])
-    big = [k for k in keys if plain[k] * N_HSD >= 5]
-    e_b = np.array([plain[k] for k in big] + [1 - sum(plain[k] for k in big)])
-    n_b = np.array([naive.get(k, 0.0) for k in big] + [1 - sum(naive.get(k, 0.0) for k in big)])
-    if e_b[-1] <= 1e-12:
-        e_b, n_b = e_b[:-1], n_b[:-1]
-    df = len(e_b) - 1
-    power = float(ncx2.sf(chi2.isf(ALPHA, df), df, N_HSD * float(((n_b - e_b) ** 2 / e_b).sum())))
+    power = _power_against(plain, naive, N_HSD)
     assert power > 0.85, f"naive resampling would not be detected (power {power:.3f})"
 
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
     outs = spec.generate([list(prompt)] * N_HSD, sampling=cfg, gamma=2, max_new_tokens=3, seed=list(range(N_HSD)),
                          batch_size=6, verifier="hsd")
-    counts: dict[tuple[int, ...], int] = {}
-    for out in outs:
-        key = tuple(out.token_ids)
-        assert out.error is None
-        assert plain.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
-        counts[key] = counts.get(key, 0) + 1
     assert sum(out.metrics.accepted for out in outs) > N_HSD // 4  # two-draft rounds were really verified
-    expected = np.array([plain[k] for k in keys]) * N_HSD
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    pvalue = _pooled_chisquare(plain, outs)
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"

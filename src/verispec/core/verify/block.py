@@ -31,14 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.core.verify.chain import (
-    VerifyResult,
-    _check_block,
-    _one_hot,
-    as_float64,
-    emitted_tokens,
-    sample_categorical,
-)
+from verispec.core.verify.chain import VerifyResult, finish_chain, prepare_chain
 
 __all__ = ["block_acceptance", "block_residual", "block_weights", "verify_chain_block"]
 
@@ -92,24 +85,16 @@ def verify_chain_block(
     as :func:`~verispec.core.verify.chain.verify_block` (q None: a token-only draft, one-hot q). Randomness:
     gamma float64 uniforms for the prefix tests, then one for the final token, all from ``generator``.
     ``accept_prob`` holds h_1 .. h_gamma."""
-    draft_tokens = _check_block(draft_tokens, q, p)
-    p = as_float64(p)
+    draft_tokens, q, p = prepare_chain(draft_tokens, q, p)
     b, gamma = draft_tokens.shape
-    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else as_float64(q)
     rows = torch.arange(b, device=p.device)
     w = block_weights(draft_tokens, q, p)
     h = block_acceptance(w, q, p)
-    if gamma:
-        u = torch.rand(b, gamma, dtype=torch.float64, generator=generator, device=p.device)
-        passed = u <= h
-        idx = torch.arange(1, gamma + 1, device=p.device).expand(b, gamma)
-        tau = torch.where(passed, idx, torch.zeros_like(idx)).max(-1).values
-    else:
-        tau = torch.zeros(b, dtype=torch.long, device=p.device)
-    final = p[rows, tau]
-    if gamma:
-        at = torch.clamp(tau, max=gamma - 1)
-        r = block_residual(w[rows, tau], p[rows, tau], q[rows, at])
-        final = torch.where((tau < gamma).unsqueeze(-1), r, final)
-    last = sample_categorical(final, generator)
-    return VerifyResult(num_accepted=tau, tokens=emitted_tokens(draft_tokens, tau, last), accept_prob=h)
+    if not gamma:
+        return finish_chain(draft_tokens, torch.zeros(b, dtype=torch.long, device=p.device), p, None, h, generator)
+    u = torch.rand(b, gamma, dtype=torch.float64, generator=generator, device=p.device)
+    idx = torch.arange(1, gamma + 1, device=p.device).expand(b, gamma)
+    tau = torch.where(u <= h, idx, torch.zeros_like(idx)).max(-1).values
+    at = torch.clamp(tau, max=gamma - 1)
+    r = block_residual(w[rows, tau], p[rows, tau], q[rows, at])
+    return finish_chain(draft_tokens, tau, p, r, h, generator)

@@ -38,6 +38,8 @@ __all__ = [
     "as_float64",
     "check_distribution",
     "emitted_tokens",
+    "finish_chain",
+    "prepare_chain",
     "sum_tolerance",
     "sample_categorical",
     "verify_block",
@@ -222,6 +224,27 @@ def verify_block(
     last = sample_categorical(final, generator)
 
     return VerifyResult(num_accepted=n, tokens=emitted_tokens(draft_tokens, n, last), accept_prob=h)
+
+
+def prepare_chain(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draft ids int64, q, p) in float64 after the input contract's checks, q one-hot for a token-only draft:
+    the start of every verifier of a whole chain (:mod:`verispec.core.verify.block`, :mod:`.hsd`)."""
+    draft_tokens = _check_block(draft_tokens, q, p)
+    p = as_float64(p)
+    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else as_float64(q)
+    return draft_tokens, q, p
+
+
+def finish_chain(draft_tokens: torch.Tensor, tau: torch.Tensor, p: torch.Tensor, residual: torch.Tensor | None,
+                 accept_prob: torch.Tensor, generator: torch.Generator | None) -> VerifyResult:
+    """The end of a chain verifier that kept ``tau`` drafts per row: one token from the bonus p_{tau+1} where
+    tau = gamma, else from ``residual`` [B, V] (the verifier's correction at position tau; None when gamma = 0)."""
+    final = p[torch.arange(p.shape[0], device=p.device), tau]
+    if residual is not None:
+        final = torch.where((tau < draft_tokens.shape[1]).unsqueeze(-1), residual, final)
+    last = sample_categorical(final, generator)
+    return VerifyResult(num_accepted=tau, tokens=emitted_tokens(draft_tokens, tau, last), accept_prob=accept_prob)
 
 
 def emitted_tokens(draft_tokens: torch.Tensor, n: torch.Tensor, last: torch.Tensor) -> torch.Tensor:

@@ -36,14 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.core.verify.chain import (
-    VerifyResult,
-    _check_block,
-    _one_hot,
-    as_float64,
-    emitted_tokens,
-    sample_categorical,
-)
+from verispec.core.verify.chain import VerifyResult, finish_chain, prepare_chain
 
 __all__ = ["hsd_ratios", "hsd_residual", "hsd_stop", "verify_chain_hsd"]
 
@@ -91,27 +84,19 @@ def verify_chain_hsd(
     :func:`~verispec.core.verify.chain.verify_block` (q None: a token-only draft, one-hot q). Randomness: one
     float64 uniform for the whole block, gamma for the depths, then one for the final token, all from
     ``generator``. ``accept_prob`` holds rho_1 .. rho_gamma (rho_gamma: the whole block's acceptance)."""
-    draft_tokens = _check_block(draft_tokens, q, p)
-    p = as_float64(p)
+    draft_tokens, q, p = prepare_chain(draft_tokens, q, p)
     b, gamma = draft_tokens.shape
-    q = _one_hot(draft_tokens, p.shape[-1], p.device) if q is None else as_float64(q)
-    rows = torch.arange(b, device=p.device)
     rho = hsd_ratios(draft_tokens, q, p)
-    if gamma:
-        stop = hsd_stop(rho, q, p)
-        u = torch.rand(b, gamma + 1, dtype=torch.float64, generator=generator, device=p.device)
-        whole = u[:, 0] < rho[:, gamma]
-        # walking down from depth gamma and stopping at the first depth whose test passes = the deepest passing one
-        depth = torch.arange(1, gamma + 1, device=p.device).expand(b, gamma)
-        deepest = torch.where(u[:, 1:] < stop, depth, torch.zeros_like(depth)).max(-1).values
-        tau = torch.where(whole, torch.full_like(deepest, gamma), (deepest - 1).clamp(min=0))
-    else:
-        tau = torch.zeros(b, dtype=torch.long, device=p.device)
-    final = p[rows, tau]
-    if gamma:
-        at = torch.clamp(tau, max=gamma - 1)
-        r = hsd_residual(rho[rows, at], p[rows, at], q[rows, at])
-        final = torch.where((tau < gamma).unsqueeze(-1), r, final)
-    last = sample_categorical(final, generator)
-    return VerifyResult(num_accepted=tau, tokens=emitted_tokens(draft_tokens, tau, last),
-                        accept_prob=rho[:, 1:] if gamma else rho[:, :0])
+    if not gamma:
+        return finish_chain(draft_tokens, torch.zeros(b, dtype=torch.long, device=p.device), p, None, rho[:, :0],
+                            generator)
+    stop = hsd_stop(rho, q, p)
+    u = torch.rand(b, gamma + 1, dtype=torch.float64, generator=generator, device=p.device)
+    whole = u[:, 0] < rho[:, gamma]
+    # walking down from depth gamma and stopping at the first depth whose test passes = the deepest passing one
+    depth = torch.arange(1, gamma + 1, device=p.device).expand(b, gamma)
+    deepest = torch.where(u[:, 1:] < stop, depth, torch.zeros_like(depth)).max(-1).values
+    tau = torch.where(whole, torch.full_like(deepest, gamma), (deepest - 1).clamp(min=0))
+    rows, at = torch.arange(b, device=p.device), torch.clamp(tau, max=gamma - 1)
+    r = hsd_residual(rho[rows, at], p[rows, at], q[rows, at])
+    return finish_chain(draft_tokens, tau, p, r, rho[:, 1:], generator)
