@@ -64,4 +64,4 @@ def test_command_writes_the_frontier(tmp_path):
                                     "--fixed", "fixed-a", "--fixed", "fixed-b", "--n-boot", "200"])
     assert res.exit_code == 0, res.output
     assert "+10.0" in res.output and "outside the fixed range" in res.output
-    assert (tmp_path / "budget" / "report" / "frontier.png").exists()
+    assert (tmp_path / "budget" / "frontier" / "frontier.png").exists()

@@ -281,7 +281,7 @@ def regrade_cmd(run_dir: str, write: bool, workers: int | None, no_progress: boo
               help="A fixed-parameter setting of --fixed-run, by label; repeat (at least two).")
 @click.option("--baseline", default="lossless", show_default=True, help="The baseline's label in --fixed-run.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Where frontier.md / .csv / .png go [default: RUN_DIR/report].")
+              help="Where frontier.md / .csv / .png go [default: RUN_DIR/frontier].")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
 def budget_cmd(run_dir: str, fixed_run: str, fixed: tuple[str, ...], baseline: str, out_dir: str | None,
                n_boot: int) -> None:
@@ -295,7 +295,32 @@ def budget_cmd(run_dir: str, fixed_run: str, fixed: tuple[str, ...], baseline: s
         table = frontier(run_dir, fixed_run, fixed, baseline, n_boot)
     except ValueError as exc:
         raise _fail(exc) from None
-    paths = write_frontier(table, out_dir or Path(run_dir) / "report")
+    paths = write_frontier(table, out_dir or Path(run_dir) / "frontier")
+    click.echo(paths["md"].read_text())
+    click.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+@bench.command(name="forest")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Where forest.png / .md / .csv go [default: RUN_DIR/forest; not report/, which `bench report` "
+                   "regenerates].")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@click.option("--problems", "problems_text", default=None, metavar="A:B",
+              help="Only the problems numbered A to B-1 (as in `bench compare`).")
+def forest_cmd(run_dir: str, out_dir: str | None, n_boot: int, problems_text: str | None) -> None:
+    """Forest plot of every Table 1 and Table 6 gap RUN_DIR holds (each setting minus lossless, paired 95%
+    intervals) with the paper's value marked (verispec.studies.forest)."""
+    from pathlib import Path
+
+    from verispec.studies.forest import forest_table, write_forest
+
+    problems = _problem_range(problems_text) if problems_text is not None else None
+    try:
+        table = forest_table(run_dir, n_boot=n_boot, problems=problems)
+    except ValueError as exc:
+        raise _fail(exc) from None
+    paths = write_forest(table, out_dir or Path(run_dir) / "forest", Path(run_dir).name)
     click.echo(paths["md"].read_text())
     click.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
 
