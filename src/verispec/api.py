@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from verispec import models
 from verispec.backends.base import Backend, common_prefix_len
 from verispec.backends.hf import HFBackend
+from verispec.backends.isolated import RowIsolated
 from verispec.backends.llamacpp import LlamaCppBackend
 from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig
@@ -46,7 +48,7 @@ def _eos_ids(model: torch.nn.Module, tokenizer: object, name: str) -> list[int]:
 
 
 def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, threads: int | None,
-                      n_threads: int | None = None) -> object:
+                      n_threads: int | None = None, isolate_rows: bool = False) -> object:
     """A llama.cpp backend on the draft's GGUF (a registered name's assembled GGUF, or a ``.gguf`` path).
 
     ``n_threads`` (llama.cpp threads) defaults to half of ``threads`` (at least 1): with a transformers target,
@@ -58,7 +60,24 @@ def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, thr
     path, _ = _gguf_of(draft, "drafter")
     if n_threads is None:
         n_threads = 1 if threads is None else max(1, threads // 2)
+    if isolate_rows:
+        return _isolated_llamacpp(path, n_threads=n_threads, vocab_size=vocab_size)
     return LlamaCppBackend(path, n_threads=n_threads, vocab_size=vocab_size)
+
+
+def _isolated_llamacpp(path: str, **kw: Any) -> RowIsolated:
+    """A llama.cpp model with every row on a context of its own (one sequence, no prefix cache), all contexts on
+    the first one's weights: :class:`~verispec.backends.isolated.RowIsolated`."""
+    first: list[LlamaCppBackend] = []
+
+    def make() -> LlamaCppBackend:
+        backend = LlamaCppBackend(path, max_rows=1, prefix_cache=False, share_model=first[0] if first else None,
+                                  **kw)
+        if not first:
+            first.append(backend)
+        return backend
+
+    return RowIsolated(make)
 
 
 #: a text with code, unicode, CJK and emoji on which a llama.cpp target's ids must equal the HF tokenizer's
@@ -85,6 +104,7 @@ def load_llamacpp_target(
     threads: int | None = None,
     n_ctx: int = 4096,
     max_rows: int = 8,
+    isolate_rows: bool = False,
 ) -> tuple[object, object, object, list[int]]:
     """The target's GGUF in llama.cpp: ``(backend, HF tokenizer, config with vocab_size, eos ids)``.
 
@@ -112,8 +132,11 @@ def load_llamacpp_target(
 
         tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
         gen, vocab = None, 0
-    backend = LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads or 2, max_rows=max_rows,
-                              vocab_size=None if vocab <= 0 else vocab)
+    vocab_size = None if vocab <= 0 else vocab
+    if isolate_rows:
+        backend: Any = _isolated_llamacpp(path, n_ctx=n_ctx, n_threads=threads or 2, vocab_size=vocab_size)
+    else:
+        backend = LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads or 2, max_rows=max_rows, vocab_size=vocab_size)
     if registered and backend.n_vocab > vocab:
         raise models.VocabularyMismatchError(f"{path} has {backend.n_vocab} tokens, its HF config {vocab}")
     hf_ids = list(tok(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
@@ -139,12 +162,14 @@ def build_drafter(
     tree: dict | None = None,
     device: str = "cpu",
     draft_threads: int | None = None,
+    isolate_rows: bool = False,
 ) -> BaseDrafter | None:
     """The drafter named ``drafter`` (see :data:`verispec.defaults.DRAFTERS`) on the ``draft`` model.
 
     ``tree``: :class:`~verispec.drafters.TreeDrafter` options (depth, top_k, budget, width, sample).
     ``draft_threads``: llama.cpp threads of a llama.cpp draft (default: half of ``threads``, see
     :func:`_llamacpp_backend`; with a llama.cpp target, which runs between the drafts, all of them).
+    ``isolate_rows``: every row of the draft model on a backend of its own (:class:`RowIsolated`).
     A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
     """
     spec = drafter_spec(drafter)
@@ -154,10 +179,10 @@ def build_drafter(
     def load_draft() -> Backend:
         if spec.draft_backend == "llamacpp":
             return _llamacpp_backend(draft, target_config.vocab_size, threads,  # type: ignore[attr-defined]
-                                     draft_threads)
+                                     draft_threads, isolate_rows)
         d_model, d_tok = models.load_model(draft, dtype=dtype, device=device)  # type: ignore[arg-type]
         models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
-        return HFBackend(d_model)
+        return RowIsolated(lambda: HFBackend(d_model)) if isolate_rows else HFBackend(d_model)
 
     return make_drafter(drafter, load_draft if spec.uses_draft_model else None, tree)
 
@@ -196,6 +221,7 @@ def load_engine(
     tree: dict | None = None,
     device: str = "cpu",
     target_backend: str = "hf",
+    deterministic: bool = False,
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
@@ -211,6 +237,10 @@ def load_engine(
     only). With a llama.cpp target the drafters' ``gamma="auto"`` uses its block-cost curve
     (:meth:`~verispec.backends.llamacpp.LlamaCppBackend.block_cost`) and falls back to gamma 0 when drafting
     does not pay. Token trees need tree attention, which the llama.cpp backend lacks: "tree" is refused.
+
+    ``deterministic``: every row of the target and of the draft model on a backend of its own
+    (:class:`~verispec.backends.isolated.RowIsolated`), so a seeded request's tokens do not depend on what else
+    shares its batch (nor on a prefix cached by an earlier request); it gives up batched forwards.
     """
     if device != "cpu" and not device.startswith("cuda") and device != "mps":
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
@@ -220,21 +250,23 @@ def load_engine(
     if threads:
         torch.set_num_threads(threads)
     key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
-           tuple(sorted((tree or {}).items())), device, target_backend)
+           tuple(sorted((tree or {}).items())), device, target_backend, bool(deterministic))
     if cache and (hit := ENGINES.get(key)) is not None:
         return hit
     if target_backend == "llamacpp":
-        backend, tok, config, eos = load_llamacpp_target(target, threads)
+        backend, tok, config, eos = load_llamacpp_target(target, threads, isolate_rows=deterministic)
         draft_impl = build_drafter(drafter, draft, tok, config, dtype, threads, tree, device,
-                                   draft_threads=threads or 2)
+                                   draft_threads=threads or 2, isolate_rows=deterministic)
         if draft_impl is not None:
             draft_impl.target_cost = backend.block_cost  # type: ignore[attr-defined]
         engine = Engine(backend, draft_impl, tok, eos)  # type: ignore[arg-type]
     else:
         t_model, tok = models.load_model(target, dtype=dtype, device=device)
         eos = _eos_ids(t_model, tok, os.fspath(target))
-        draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device)
-        engine = Engine(HFBackend(t_model), draft_impl, tok, eos)
+        draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device,
+                                   isolate_rows=deterministic)
+        target_impl = RowIsolated(lambda: HFBackend(t_model)) if deterministic else HFBackend(t_model)
+        engine = Engine(target_impl, draft_impl, tok, eos)  # type: ignore[arg-type]
     if cache:
         ENGINES.put(key, engine)
     return engine

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 __all__ = ["AUTO", "AUTO_DRAFTER", "CHAT_MAX_NEW_TOKENS", "DEFAULT_BATCH_SIZE", "DEFAULT_DRAFT", "DEFAULT_DRAFTER",
            "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TARGET", "DEFAULT_TARGET_BACKEND",
            "DEFAULT_TEMPERATURE", "DEFAULT_VERIFIER", "DRAFTERS", "DTYPES", "LOGPROBS_MODES", "LOGPROB_FLOOR",
-           "MAX_TOP_LOGPROBS", "DrafterSpec", "PAPER_SEEDS", "SERVING_GAMMA", "SWEEP_MAX_NEW_TOKENS",
-           "TARGET_BACKENDS", "TargetBackendSpec", "VERIFIERS", "check_pairing", "check_verifier", "drafter_spec",
-           "llamacpp_installed", "resolve_backends", "target_backend"]
+           "MAX_TOP_LOGPROBS", "DrafterSpec", "PAPER_SEEDS", "SERVING_GAMMA", "SWEEP_DETERMINISTIC",
+           "SWEEP_MAX_NEW_TOKENS", "TARGET_BACKENDS", "TargetBackendSpec", "VERIFIERS", "check_pairing",
+           "check_verifier", "drafter_spec", "llamacpp_installed", "resolve_backends", "target_backend"]
 
 #: the default real pair (registered names; :mod:`verispec.models` installs them)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -84,6 +84,10 @@ LOGPROB_FLOOR = -9999.0
 
 #: units (or requests) decoded at once as rows of one batch by the harness (docs/results/batching.md)
 DEFAULT_BATCH_SIZE = 8
+#: whether a sweep decodes every row on model backends of its own (``deterministic``: a unit's tokens independent of
+#: its batch, shard, worker and resume; docs/results/determinism.md gives the cost); run directories made before
+#: the option existed ran batched (False)
+SWEEP_DETERMINISTIC = False
 
 
 @dataclass(frozen=True)

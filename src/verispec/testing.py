@@ -11,6 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from verispec import models
 from verispec.api import EngineCache
 from verispec.backends.hf import HFBackend
+from verispec.backends.isolated import RowIsolated
 from verispec.drafters.registry import make_drafter
 from verispec.eval.tasks.toy import ALPHABET
 from verispec.runtime.engine import Engine
@@ -123,24 +124,28 @@ class ToyTokenizer:
         return [c.encode() for c in self.alphabet]
 
 
-def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True) -> Any:
+def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True, deterministic: bool = False) -> Any:
     """A tiny random Qwen2 target/draft pair (fp32) with :class:`ToyTokenizer` behind ``drafter`` (model, tree,
     ngram, ngram+model or none): the evaluation harness's ``target = "toy"``, tests and dry runs. Engines are kept
-    in :data:`TOY_ENGINES` unless ``cache=False``."""
+    in :data:`TOY_ENGINES` unless ``cache=False``. ``deterministic``: rows on backends of their own
+    (:class:`~verispec.backends.isolated.RowIsolated`), as :func:`verispec.api.load_engine`."""
 
     global TOY_ENGINES
     if TOY_ENGINES is None:
         TOY_ENGINES = EngineCache()
-    key = (drafter, vocab_size)
+    key = (drafter, vocab_size, deterministic)
     if cache and (hit := TOY_ENGINES.get(key)) is not None:
         return hit
     target = tiny_qwen(1, vocab_size=vocab_size, logit_scale=4.0)
 
-    def draft() -> HFBackend:
-        return HFBackend(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0))
+    def rows(model: Any) -> Any:
+        return RowIsolated(lambda: HFBackend(model)) if deterministic else HFBackend(model)
+
+    def draft() -> Any:
+        return rows(tiny_qwen(2, vocab_size=vocab_size, logit_scale=4.0))
 
     # no GGUF for the toy pair: a llama.cpp drafter gets the same draft in transformers
-    engine = Engine(HFBackend(target), make_drafter(drafter, draft), ToyTokenizer(), ())
+    engine = Engine(rows(target), make_drafter(drafter, draft), ToyTokenizer(), ())
     if cache:
         TOY_ENGINES.put(key, engine)
     return engine

@@ -134,6 +134,7 @@ class LlamaCppBackend:
         max_rows: int = 8,
         block_costs: dict[int, float] | None = None,
         prefix_cache: bool = True,
+        share_model: LlamaCppBackend | None = None,
     ) -> None:
         if _llama is None:
             raise ImportError("LlamaCppBackend needs llama-cpp-python: pip install -r requirements-fast.txt")
@@ -150,10 +151,18 @@ class LlamaCppBackend:
         self._model = None
         self._ctx = None
         self._batch = None
-        mparams = _llama.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        mparams.use_mmap = True
-        self._model = _llama.llama_model_load_from_file(path.encode(), mparams)
+        # share_model: a context of our own on another backend's loaded weights (row isolation); that backend
+        # owns them and is kept alive as long as this one
+        self._owner = share_model
+        if share_model is not None:
+            if share_model.gguf_path != path:
+                raise ValueError(f"share_model holds {share_model.gguf_path}, not {path}")
+            self._model = share_model._model
+        else:
+            mparams = _llama.llama_model_default_params()
+            mparams.n_gpu_layers = 0
+            mparams.use_mmap = True
+            self._model = _llama.llama_model_load_from_file(path.encode(), mparams)
         if not self._model:
             raise RuntimeError(f"llama.cpp failed to load {path}")
         self._vocab = _llama.llama_model_get_vocab(self._model)
@@ -201,7 +210,8 @@ class LlamaCppBackend:
             _llama.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
-            _llama.llama_model_free(self._model)
+            if getattr(self, "_owner", None) is None:
+                _llama.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:  # pragma: no cover - timing depends on the GC

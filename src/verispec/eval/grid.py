@@ -12,6 +12,8 @@ A config (see ``configs/*.toml``)::
                                 # "independent": each method draws its own (see below)
     verifier = "token"          # "token" (default) or "block": block verification of every chain (lossless
                                 # methods only; compare with a second run of the same grid at "token")
+    deterministic = true        # every unit's rows on model backends of their own: its tokens do not depend on
+                                # its batch, shard, worker or resume (verispec.backends.isolated; slower)
 
     [sampling]                  # optional, other SamplingConfig fields applied to target and draft
     top_p = 0.95
@@ -98,6 +100,7 @@ from verispec.defaults import (
     DEFAULT_VERIFIER,
     DTYPES,
     PAPER_SEEDS,
+    SWEEP_DETERMINISTIC,
     SWEEP_MAX_NEW_TOKENS,
     TARGET_BACKENDS,
     check_pairing,
@@ -159,7 +162,8 @@ DRAFTERS = tuple(_DRAFTER_SPECS)
 DRAFT_MODEL_DRAFTERS = tuple(name for name, spec in _DRAFTER_SPECS.items() if spec.uses_draft_model)
 
 _TOP_KEYS = {"name", "seeds", "temperature", "gamma", "max_new_tokens", "pair_baselines", "sampling", "models",
-             "tasks", "methods", "baseline_draft_truncation", "coupling", "verifier"}
+             "tasks", "methods", "baseline_draft_truncation", "coupling", "verifier",
+             "deterministic"}
 _MODEL_KEYS = {"target", "draft", "drafter", "target_backend", "dtype", "threads", "device"}
 _TASK_KEYS = {"name", "limit", "subset", "max_new_tokens", "options"}
 _METHOD_KEYS = {"rule", "params", "budget"}
@@ -348,6 +352,8 @@ class SweepConfig:
     coupling: str = "common"
     #: how every chain is verified (:data:`verispec.defaults.VERIFIERS`)
     verifier: str = DEFAULT_VERIFIER
+    #: rows on backends of their own (:class:`verispec.backends.isolated.RowIsolated`): batch-invariant tokens
+    deterministic: bool = SWEEP_DETERMINISTIC
     raw_methods: tuple[tuple[str, object, object], ...] = field(default=(), compare=False, repr=False)
 
     @property
@@ -389,6 +395,8 @@ class SweepConfig:
             out["task_options"] = self.task_options(task)
         if self.verifier != DEFAULT_VERIFIER:
             out["verifier"] = self.verifier
+        if self.deterministic:
+            out["deterministic"] = True
         return out
 
     def baseline_of(self, method: MethodSetting) -> MethodSetting:
@@ -442,6 +450,7 @@ class SweepConfig:
             baseline_draft_truncation=d.get("baseline_draft_truncation", LEGACY_DRAFT_TRUNCATION),
             coupling=d.get("coupling", LEGACY_COUPLING),
             verifier=d.get("verifier", DEFAULT_VERIFIER),
+            deterministic=bool(d.get("deterministic", False)),  # runs before the option ran batched
         )
 
     def restricted(self, limit: int | None = None, tasks: Sequence[str] | None = None,
@@ -562,6 +571,9 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
             check_verifier(verifier, m.lossless, drafter_spec(drafter).proposes_trees)
         except ValueError as exc:
             raise ValueError(f"verifier: {exc} (method {m.label})") from None
+    deterministic = data.get("deterministic", SWEEP_DETERMINISTIC)
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be true or false, got {deterministic!r}")
     dtype = str(models.get("dtype", SweepConfig.dtype))
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
@@ -586,6 +598,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         baseline_draft_truncation=draft_truncation,
         coupling=coupling,
         verifier=verifier,
+        deterministic=deterministic,
         raw_methods=tuple(raw),
     )
     cfg.sampling_config()  # validates temperature and the [sampling] table

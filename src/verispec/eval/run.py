@@ -72,7 +72,9 @@ EngineFactory = Callable[[SweepConfig], Any]
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
     """The tiny random pair of :func:`verispec.testing.toy_engine` with the config's drafter: a sweep in seconds."""
 
-    return make("model" if cfg is None else cfg.drafter, vocab_size)
+    if cfg is None:
+        return make("model", vocab_size)
+    return make(cfg.drafter, vocab_size, deterministic=cfg.deterministic)
 
 
 def default_engine_factory(cfg: SweepConfig) -> Any:
@@ -85,7 +87,7 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
         return toy_engine(cfg)
 
     return api.load_engine(cfg.target, cfg.draft if cfg.uses_draft else None, cfg.drafter, cfg.dtype, cfg.threads,
-                       device=cfg.device, target_backend=cfg.target_backend)
+                           device=cfg.device, target_backend=cfg.target_backend, deterministic=cfg.deterministic)
 
 
 # ------------------------------------------------------------------------------------------------- running
@@ -244,6 +246,8 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
     # runs made before the option existed verified token by token
     if old.get("verifier", DEFAULT_VERIFIER) != new.get("verifier", DEFAULT_VERIFIER):
         diff.append(f"verifier {old.get('verifier', DEFAULT_VERIFIER)!r} vs {new.get('verifier', DEFAULT_VERIFIER)!r}")
+    if bool(old.get("deterministic", False)) != bool(new.get("deterministic", False)):
+        diff.append(f"deterministic {bool(old.get('deterministic', False))} vs {bool(new.get('deterministic', False))}")
     if cfg.uses_draft and old.get("draft") != new.get("draft"):
         diff.append("draft")
     old_tasks = {t["name"]: t for t in old.get("tasks", [])}
