@@ -163,13 +163,15 @@ def build_drafter(
     device: str = "cpu",
     draft_threads: int | None = None,
     isolate_rows: bool = False,
+    p_min: float = 0.0,
 ) -> BaseDrafter | None:
     """The drafter named ``drafter`` (see :data:`verispec.defaults.DRAFTERS`) on the ``draft`` model.
 
     ``tree``: :class:`~verispec.drafters.TreeDrafter` options (depth, top_k, budget, width, sample).
     ``draft_threads``: llama.cpp threads of a llama.cpp draft (default: half of ``threads``, see
     :func:`_llamacpp_backend`; with a llama.cpp target, which runs between the drafts, all of them).
-    ``isolate_rows``: every row of the draft model on a backend of its own (:class:`RowIsolated`).
+    ``isolate_rows``: every row of the draft model on a backend of its own (:class:`RowIsolated`). ``p_min``: the
+    draft model's confidence gate (:class:`~verispec.drafters.ModelDrafter`; 0: off).
     A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
     """
     spec = drafter_spec(drafter)
@@ -184,7 +186,7 @@ def build_drafter(
         models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
         return RowIsolated(lambda: HFBackend(d_model)) if isolate_rows else HFBackend(d_model)
 
-    return make_drafter(drafter, load_draft if spec.uses_draft_model else None, tree)
+    return make_drafter(drafter, load_draft if spec.uses_draft_model else None, tree, p_min)
 
 
 class EngineCache:
@@ -222,6 +224,7 @@ def load_engine(
     device: str = "cpu",
     target_backend: str = "hf",
     deterministic: bool = False,
+    draft_p_min: float = 0.0,
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
@@ -241,6 +244,8 @@ def load_engine(
     ``deterministic``: every row of the target and of the draft model on a backend of its own
     (:class:`~verispec.backends.isolated.RowIsolated`), so a seeded request's tokens do not depend on what else
     shares its batch (nor on a prefix cached by an earlier request); it gives up batched forwards.
+    ``draft_p_min``: the draft model stops a row's chain at the first position where its top probability is below
+    this (llama.cpp's ``--draft-p-min``; lossless; 0: off).
     """
     if device != "cpu" and not device.startswith("cuda") and device != "mps":
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
@@ -250,13 +255,13 @@ def load_engine(
     if threads:
         torch.set_num_threads(threads)
     key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
-           tuple(sorted((tree or {}).items())), device, target_backend, bool(deterministic))
+           tuple(sorted((tree or {}).items())), device, target_backend, bool(deterministic), float(draft_p_min))
     if cache and (hit := ENGINES.get(key)) is not None:
         return hit
     if target_backend == "llamacpp":
         backend, tok, config, eos = load_llamacpp_target(target, threads, isolate_rows=deterministic)
         draft_impl = build_drafter(drafter, draft, tok, config, dtype, threads, tree, device,
-                                   draft_threads=threads or 2, isolate_rows=deterministic)
+                                   draft_threads=threads or 2, isolate_rows=deterministic, p_min=draft_p_min)
         if draft_impl is not None:
             draft_impl.target_cost = backend.block_cost  # type: ignore[attr-defined]
         engine = Engine(backend, draft_impl, tok, eos)  # type: ignore[arg-type]
@@ -264,7 +269,7 @@ def load_engine(
         t_model, tok = models.load_model(target, dtype=dtype, device=device)
         eos = _eos_ids(t_model, tok, os.fspath(target))
         draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device,
-                                   isolate_rows=deterministic)
+                                   isolate_rows=deterministic, p_min=draft_p_min)
         target_impl = RowIsolated(lambda: HFBackend(t_model)) if deterministic else HFBackend(t_model)
         engine = Engine(target_impl, draft_impl, tok, eos)  # type: ignore[arg-type]
     if cache:
@@ -301,6 +306,7 @@ def generate(
     chat: bool = False,
     dtype: str = DEFAULT_DTYPE,
     target_backend: str = AUTO,
+    draft_p_min: float = 0.0,
 ) -> GenerationResult:
     """Speculative generation in one call; models are loaded once and kept for later calls.
 
@@ -317,6 +323,7 @@ def generate(
     ``budget``: a divergence budget for ``rule="lenience"`` or ``"cos-we"``, ``{"tv": 0.05}`` (every position's
     induced law within TV 0.05 of the target's, the most relaxed parameter that fits chosen per position, exactly)
     and / or ``{"tv_total": B}`` (the whole sequence's law within TV B); ``result.metrics.budget`` reports it.
+    ``draft_p_min``: a draft model's chain stops where its top probability falls below this (lossless; 0: off).
 
     Returns text, token ids, finish_reason ("stop" or "length") and metrics (BE, tokens/round, timings).
     """
@@ -334,7 +341,7 @@ def generate(
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
     target_backend, drafter = resolve_backends(target_backend, drafter)
     engine = load_engine(target, draft if drafter_spec(drafter).uses_draft_model else None, drafter, dtype,
-                         target_backend=target_backend)
+                         target_backend=target_backend, draft_p_min=draft_p_min)
     return engine.generate(  # type: ignore[return-value]
         prompt_or_ids,
         rule=rule_obj,

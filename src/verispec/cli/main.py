@@ -345,6 +345,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
               help="Draft length (tree: depth), or 'auto': chosen each round from measured costs and acceptance, 0 "
                    "(plain decoding) when drafting does not pay. Default: auto; give a number to make a seeded "
                    "sampled run reproducible.")
+@click.option("--draft-p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Stop a draft model's chain where its top probability falls below this (lossless; 0: off).")
 @click.option("--temperature", default=DEFAULT_TEMPERATURE, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-p", default=None, type=float)
 @click.option("--top-k", default=None, type=int)
@@ -382,7 +384,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
               help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")
 def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
              params: tuple[str, ...], verifier: str, drafter: str, target_backend: str, tree_depth: int,
-             tree_top_k: int, tree_budget: int | None, no_draft: bool, gamma: str | None, temperature: float,
+             tree_top_k: int, tree_budget: int | None, no_draft: bool, gamma: str | None, draft_p_min: float,
+             temperature: float,
              top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
              repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
              logit_bias: tuple[str, ...], max_new_tokens: int, stop: tuple[str, ...], seed: int, dtype: str,
@@ -416,7 +419,8 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         drafter = "none" if no_draft else drafter
         uses_draft = DRAFTERS[drafter].uses_draft_model
         engine = load_engine(target or models.DEFAULT_TARGET, (draft or models.DEFAULT_DRAFT) if uses_draft else None,
-                             drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend)
+                             drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend,
+                             draft_p_min=draft_p_min)
         request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
                           stop=list(stop), seed=seed, chat=chat, verifier=verifier, logprobs=logprobs,
                           logprobs_mode=logprobs_mode, response_format=_response_format(response_format),
@@ -535,6 +539,8 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
                    + "; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
+@click.option("--draft-p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Stop a draft model's chain where its top probability falls below this (lossless; 0: off).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the target's name).")
 @click.option("--max-batch", default=8, show_default=True, type=click.IntRange(min=1),
               help="Rows decoded together in one engine round.")
@@ -547,7 +553,7 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(host: str, port: int, target: str | None, draft: str | None, drafter: str, target_backend: str, dtype: str,
-          threads: int | None, served_model_name: str | None, max_batch: int, max_concurrency: int,
+          threads: int | None, draft_p_min: float, served_model_name: str | None, max_batch: int, max_concurrency: int,
           max_prompt_tokens: int | None, max_tokens_limit: int, log_level: str) -> None:
     """OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streamed or not), /v1/models,
     /health, /metrics. Per request: extra_body {"verification": {"rule": ..., "params": {...}},
@@ -566,7 +572,7 @@ def serve(host: str, port: int, target: str | None, draft: str | None, drafter: 
     try:
         target_backend, drafter = resolve_backends(target_backend, drafter)
         engine = load_engine(target, (draft or models.DEFAULT_DRAFT) if DRAFTERS[drafter].uses_draft_model else None,
-                             drafter, dtype, threads, target_backend=target_backend)
+                             drafter, dtype, threads, target_backend=target_backend, draft_p_min=draft_p_min)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     name = served_model_name or os.path.basename(os.path.normpath(os.fspath(target)))

@@ -25,14 +25,23 @@ class ModelDrafter(BaseDrafter):
     draft takes q's argmax and returns no q: the verifier treats the draft as one-hot (still lossless); with
     ``untempered_q`` it returns q at temperature 1 instead (deterministic greedy reading of a lossy rule).
     Each row's draft cache resumes from its committed history, never from a rejected guess.
+
+    ``p_min`` (confidence gate, llama.cpp's ``--draft-p-min``): a row stops drafting at the first position where
+    the draft's top probability (its processed distribution; at temperature 0 its distribution at temperature 1)
+    is below ``p_min``, without drafting that token. The draft length then depends only on the draft's own
+    distributions, so every rule stays as exact as at a fixed length. 0 turns it off.
     """
 
     name = "model"
 
-    def __init__(self, backend: Backend, greedy: bool = False, gamma_max: int = 8) -> None:
+    def __init__(self, backend: Backend, greedy: bool = False, gamma_max: int = 8, p_min: float = 0.0) -> None:
         super().__init__(gamma_max)
+        if not 0.0 <= float(p_min) <= 1.0:
+            raise ValueError(f"draft p_min must be in [0, 1], got {p_min}")
         self.backend = backend
         self.greedy = greedy
+        self.p_min = float(p_min)
+        self.gated = 0  # drafts the gate cut (positions not drafted), for the metrics
         self._brow: dict[int, int] = {}
 
     def add_row(self, key: int, gamma: int | str | None = None) -> None:
@@ -56,8 +65,11 @@ class ModelDrafter(BaseDrafter):
         hist = [
             r.history.extended([]) if r.history is not None and r.cfg.uses_history else None for r in requests
         ]
+        stopped: set[int] = set()  # rows the confidence gate stopped
         for step in range(max(lengths, default=0)):
-            live = [i for i in range(n) if lengths[i] > step]
+            live = [i for i in range(n) if lengths[i] > step and i not in stopped]
+            if not live:
+                break
             reqs = [ScoreRequest(self._brow[requests[i].key], requests[i].ids + tokens[i]) for i in live]
             for i, logits in zip(live, self.backend.score(reqs), strict=True):
                 req, lg = requests[i], logits[0]
@@ -66,10 +78,19 @@ class ModelDrafter(BaseDrafter):
                 if self.greedy or req.cfg.greedy:
                     # every processor and rule's draft transform keeps the argmax: q is needed only on request
                     tok = int((adjust_logits(lg, req.cfg, hist[i]) if req.cfg.adjusts_logits else lg).argmax())
+                    q_t1 = process(lg, req.cfg.untempered(), hist[i]) if req.untempered_q or self.p_min else None
+                    if self.p_min and float(q_t1.max()) < self.p_min:
+                        stopped.add(i)
+                        self.gated += lengths[i] - step
+                        continue
                     if req.untempered_q:
-                        qs[i].append(process(lg, req.cfg.untempered(), hist[i]))
+                        qs[i].append(q_t1)
                 else:
                     q = req.rule.draft(process(lg, req.cfg, hist[i]))
+                    if self.p_min and float(q.max()) < self.p_min:
+                        stopped.add(i)
+                        self.gated += lengths[i] - step
+                        continue
                     tok = int(sample_categorical(q, req.generator))
                     qs[i].append(q)
                 tokens[i].append(tok)
