@@ -11,6 +11,8 @@ target weights and the same threads:
   llama.cpp for the llama.cpp target) under the adaptive schedule;
 - ``ngram-auto``: prompt lookup under the schedule (free drafts that pay on code);
 - ``<draft>-g5``: the same draft at the constant gamma 5 (what the default was);
+- ``<draft>-auto-pmin``: the draft under the schedule with the confidence gate (``--draft-p-min``, default 0.75:
+  a chain stops where the draft's top probability falls below it);
 - llama.cpp target only: ``hybrid-auto`` (prompt lookup, else the llama.cpp draft: the default drafter there) and
   ``llamacpp-alone``, llama-cpp-python's own greedy/temperature loop on the same GGUF (not verispec: the anchor
   of "as fast as llama.cpp itself").
@@ -42,7 +44,7 @@ import torch
 from speed import CHAT_PROMPTS  # noqa: E402  the held-out chat prompts (benchmarks/speed.py), never tuned on
 
 from verispec import SamplingConfig, load_engine, models
-from verispec.drafters import NgramDrafter
+from verispec.drafters import ModelDrafter, NgramDrafter
 from verispec.eval.tasks import get_task
 from verispec.runtime.engine import Engine
 
@@ -85,6 +87,8 @@ def backends(th: int) -> dict[str, dict[str, Callable]]:
         "model-auto": contender(hf, "auto"),
         "ngram-auto": contender(Engine(hf.target, NgramDrafter(), tok, eos), "auto"),
         "model-g5": contender(hf, 5),
+        "model-auto-pmin": contender(Engine(hf.target, ModelDrafter(hf.drafter.backend, p_min=ARGS.draft_p_min),
+                                            tok, eos), "auto"),
     }
     try:
         lc = load_engine(drafter="llamacpp", target_backend="llamacpp", threads=th, cache=False)
@@ -93,6 +97,8 @@ def backends(th: int) -> dict[str, dict[str, Callable]]:
         return out
     ng = NgramDrafter()
     ng.target_cost = lc.target.block_cost  # type: ignore[union-attr]
+    gated = ModelDrafter(lc.drafter.backend, p_min=ARGS.draft_p_min)  # type: ignore[union-attr]
+    gated.target_cost = lc.target.block_cost  # type: ignore[union-attr]
     hy = load_engine(drafter="ngram+llamacpp", target_backend="llamacpp", threads=th, cache=False)
     from llama_cpp import Llama
 
@@ -106,6 +112,7 @@ def backends(th: int) -> dict[str, dict[str, Callable]]:
         "ngram-auto": contender(Engine(lc.target, ng, lc.tokenizer, eos), "auto"),
         "hybrid-auto": contender(hy, "auto"),
         "llamacpp-g5": contender(lc, 5),
+        "llamacpp-auto-pmin": contender(Engine(lc.target, gated, lc.tokenizer, eos), "auto"),
         "llamacpp-alone": lambda ids, cfg, seed: llamacpp_alone(llm, ids, cfg, seed, set(eos)),
     }
     return out
@@ -256,6 +263,7 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every prompt per contender, the contenders' order rotated each time; the ratios "
                          "pair each run with target-only's run of the same prompt and repeat")
+    ap.add_argument("--draft-p-min", type=float, default=0.75, help="the gate of the *-auto-pmin contenders")
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every cell)")
     ap.add_argument("--only", nargs="+", default=None, metavar="CELL",
                     help='rerun only these cells ("<backend> / <set> / <mode>"), keeping the others in --out')
