@@ -110,13 +110,14 @@ def test_mixed_batch_rows_follow_their_exact_laws():
     ]
     eng = Engine(HFBackend(target), ModelDrafter(HFBackend(draft)))
     counts: list[dict] = [{} for _ in rows]
-    for i in range(N_SEQ):
-        outs = eng.generate([list(p) for _, _, p in rows], rule=[r for r, _, _ in rows],
-                            sampling=[c for _, c, _ in rows], seed=[3 * i, 3 * i + 1, 3 * i + 2], gamma=2,
-                            max_new_tokens=3)
-        for k, out in enumerate(outs):
-            key = tuple(out.token_ids)
-            counts[k][key] = counts[k].get(key, 0) + 1
+    # every sample a row of its own (its rule, processors and seed), the three kinds mixed in batches of 48
+    outs = eng.generate([list(p) for _ in range(N_SEQ) for _, _, p in rows],
+                        rule=[r for _ in range(N_SEQ) for r, _, _ in rows],
+                        sampling=[c for _ in range(N_SEQ) for _, c, _ in rows], seed=list(range(3 * N_SEQ)),
+                        gamma=2, max_new_tokens=3, batch_size=48)
+    for j, out in enumerate(outs):
+        k, key = j % len(rows), tuple(out.token_ids)
+        counts[k][key] = counts[k].get(key, 0) + 1
     for k in range(len(rows)):
         pvalue = chi_square_pvalue(counts[k], exact[k])
         assert pvalue > 1e-4, (k, pvalue)

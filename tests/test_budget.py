@@ -226,18 +226,20 @@ def test_engine_follows_the_budgeted_sequence_law(toy):
     exact = [sequence_distribution(r, p_fn, q_fn, 2, 4, pr, budget=b) for r, b, pr in rows]
     eng = Engine(HFBackend(target), ModelDrafter(HFBackend(draft)))
     counts: list[dict] = [{}, {}]
-    for i in range(N_SEQ):
-        outs = eng.generate([list(pr) for _, _, pr in rows], rule=[r for r, _, _ in rows], sampling=cfg,
-                            budget=[b for _, b, _ in rows], seed=[2 * i, 2 * i + 1], gamma=2, max_new_tokens=4)
-        for k, out in enumerate(outs):
-            counts[k][tuple(out.token_ids)] = counts[k].get(tuple(out.token_ids), 0) + 1
-            rep = out.metrics.budget
-            assert len(rep["theta"]) == len(rep["tv"]) == len(out.token_ids)
-            assert rep["spent"] == pytest.approx(sum(rep["tv"]), abs=1e-12)
-            if k == 0:
-                assert rep["spent"] <= 0.1 + 1e-12
-            else:
-                assert max(rep["tv"]) <= 0.03 + 1e-12
+    outs = eng.generate([list(pr) for _ in range(N_SEQ) for _, _, pr in rows],
+                        rule=[r for _ in range(N_SEQ) for r, _, _ in rows], sampling=cfg,
+                        budget=[b for _ in range(N_SEQ) for _, b, _ in rows], seed=list(range(2 * N_SEQ)), gamma=2,
+                        max_new_tokens=4, batch_size=64)  # one seeded row per sample, the two budgets mixed
+    for j, out in enumerate(outs):
+        k = j % 2
+        counts[k][tuple(out.token_ids)] = counts[k].get(tuple(out.token_ids), 0) + 1
+        rep = out.metrics.budget
+        assert len(rep["theta"]) == len(rep["tv"]) == len(out.token_ids)
+        assert rep["spent"] == pytest.approx(sum(rep["tv"]), abs=1e-12)
+        if k == 0:
+            assert rep["spent"] <= 0.1 + 1e-12
+        else:
+            assert max(rep["tv"]) <= 0.03 + 1e-12
     for k in range(2):
         assert set(counts[k]) <= {s for s, v in exact[k].items() if v > 0}, "sampled a zero-probability sequence"
         assert chi_square_pvalue(counts[k], exact[k]) > 1e-4, rows[k]

@@ -71,6 +71,7 @@ def test_ngram_drafter_accepts_on_repeats(pair):
 # -- exact sequence distributions ------------------------------------------------------------------------
 V_SMALL = 5
 N_SEQ = 4000  # continuations sampled per configuration
+BATCH = 64  # rows decoded at once while sampling them
 ALPHA = 1e-4
 
 
@@ -93,9 +94,10 @@ def _dist_fns(target, draft, cfg):
 
 def _chi2_sequences(eng, rule, cfg, exact, prompt, gamma, length, verifier="token"):
     counts: dict[tuple[int, ...], int] = {}
-    for seed in range(N_SEQ):
-        out = eng.generate(prompt, rule=rule, sampling=cfg, gamma=gamma, max_new_tokens=length, seed=seed,
-                           verifier=verifier)
+    # one seeded row per continuation, decoded BATCH rows at a time (a row's tokens do not depend on its batch)
+    outs = eng.generate([list(prompt)] * N_SEQ, rule=rule, sampling=cfg, gamma=gamma, max_new_tokens=length,
+                        seed=list(range(N_SEQ)), verifier=verifier, batch_size=BATCH)
+    for out in outs:
         key = tuple(out.token_ids)
         assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
         counts[key] = counts.get(key, 0) + 1

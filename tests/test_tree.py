@@ -208,8 +208,9 @@ def test_tree_sampled_output_matches_target_law(rule, cfg, kw):
     eng = tree_engine(target, draft, **kw)
     counts: dict[tuple[int, ...], int] = {}
     accepted = 0
-    for seed in range(N_SEQ):
-        out = eng.generate(prompt, rule=rule, sampling=cfg, max_new_tokens=length, seed=seed)
+    outs = eng.generate([list(prompt)] * N_SEQ, rule=rule, sampling=cfg, max_new_tokens=length,
+                        seed=list(range(N_SEQ)), batch_size=64)  # one seeded row per continuation, 64 at a time
+    for out in outs:
         key = tuple(out.token_ids)
         assert exact.get(key, 0.0) > 0, f"sampled a zero-probability continuation {key}"
         counts[key] = counts.get(key, 0) + 1
