@@ -130,9 +130,10 @@ def test_real_pair_json_schema_output_parses_and_validates(real_engine_fp32):
     prompt = "Describe a fictional programmer as JSON with name, age and languages."
     runs = [(SamplingConfig(temperature=0), "lossless", 0), (SamplingConfig(temperature=0.8), "lossless", 1),
             (SamplingConfig(temperature=0.8), get("lenience", l=0.5), 2)]
-    for cfg, rule, seed in runs:
-        out = real_engine_fp32.generate(prompt, chat=True, sampling=cfg, rule=rule, gamma=4, seed=seed,
-                                        max_new_tokens=96, response_format=fmt)
+    outs = real_engine_fp32.generate([prompt] * len(runs), chat=True, sampling=[c for c, _, _ in runs],
+                                     rule=[r for _, r, _ in runs], gamma=4, seed=[s for _, _, s in runs],
+                                     max_new_tokens=96, response_format=fmt)  # the three as rows of one batch
+    for out in outs:
         assert out.finish_reason == "stop", out.text
         obj = json.loads(out.text)
         assert set(obj) == {"name", "age", "languages"}
