@@ -41,7 +41,7 @@ class ModelDrafter(BaseDrafter):
         self.backend = backend
         self.greedy = greedy
         self.p_min = float(p_min)
-        self.gated = 0  # drafts the gate cut (positions not drafted), for the metrics
+        self.gated = 0  # positions the gate left undrafted (a count for tests and benchmarks)
         self._brow: dict[int, int] = {}
 
     def add_row(self, key: int, gamma: int | str | None = None) -> None:
@@ -55,6 +55,13 @@ class ModelDrafter(BaseDrafter):
         brow = self._brow.pop(key, None)
         if brow is not None:
             self.backend.remove_row(brow)
+
+    def _gate(self, dist: torch.Tensor | None, left: int) -> bool:
+        """Whether the confidence gate stops a row here (``left`` positions it would still have drafted)."""
+        if not self.p_min or dist is None or float(dist.max()) >= self.p_min:
+            return False
+        self.gated += left
+        return True
 
     def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         start = time.perf_counter()
@@ -79,17 +86,15 @@ class ModelDrafter(BaseDrafter):
                     # every processor and rule's draft transform keeps the argmax: q is needed only on request
                     tok = int((adjust_logits(lg, req.cfg, hist[i]) if req.cfg.adjusts_logits else lg).argmax())
                     q_t1 = process(lg, req.cfg.untempered(), hist[i]) if req.untempered_q or self.p_min else None
-                    if self.p_min and float(q_t1.max()) < self.p_min:
+                    if self._gate(q_t1, lengths[i] - step):
                         stopped.add(i)
-                        self.gated += lengths[i] - step
                         continue
                     if req.untempered_q:
                         qs[i].append(q_t1)
                 else:
                     q = req.rule.draft(process(lg, req.cfg, hist[i]))
-                    if self.p_min and float(q.max()) < self.p_min:
+                    if self._gate(q, lengths[i] - step):
                         stopped.add(i)
-                        self.gated += lengths[i] - step
                         continue
                     tok = int(sample_categorical(q, req.generator))
                     qs[i].append(q)
