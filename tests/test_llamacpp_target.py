@@ -21,6 +21,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip ins
 from verispec.api import build_drafter, load_engine  # noqa: E402
 from verispec.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from verispec.runtime.engine import Engine  # noqa: E402
+from verispec.testing import chi_square_power  # noqa: E402
 
 pytestmark = pytest.mark.real
 
@@ -140,21 +141,6 @@ def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = Tr
     return fn
 
 
-def _power_against(exact: dict, wrong: dict, n: int) -> float:
-    """Power of the pooled chi-square below (alpha ALPHA, bins with expected count < 5 pooled) to reject ``exact``
-    when the samples follow ``wrong``: the noncentral chi-square's tail at the central one's critical value."""
-    from scipy.stats import chi2, ncx2
-
-    keys = sorted(exact, key=lambda k: -exact[k])
-    big = [k for k in keys if exact[k] * n >= 5]
-    e_b = np.array([exact[k] for k in big] + [1 - sum(exact[k] for k in big)])
-    w_b = np.array([wrong.get(k, 0.0) for k in big] + [1 - sum(wrong.get(k, 0.0) for k in big)])
-    if e_b[-1] <= 1e-12:
-        e_b, w_b = e_b[:-1], w_b[:-1]
-    df = len(e_b) - 1
-    return float(ncx2.sf(chi2.isf(ALPHA, df), df, n * float(((w_b - e_b) ** 2 / e_b).sum())))
-
-
 def _pooled_chisquare(exact: dict, outs: list) -> float:
     """p-value of the sampled continuations against ``exact`` (bins with expected count < 5 pooled); fails at once
     on an error or a zero-probability continuation."""
@@ -193,7 +179,7 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9) and len(exact) <= 4
     assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-9  # lossless: the target's own law
     naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 2, prompt)
-    power = _power_against(exact, naive, N_SEQ)
+    power = chi_square_power(exact, naive, N_SEQ, ALPHA)
     assert power > 0.99, f"naive resampling would not be detected (power {power:.3f})"
 
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
@@ -226,7 +212,7 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
     hsd = sequence_distribution("lossless", p_fn, q_fn, 2, 3, prompt, verifier="hsd")
     assert max(abs(hsd.get(k, 0) - v) for k, v in plain.items()) < 1e-9
     naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 3, prompt)
-    power = _power_against(plain, naive, N_HSD)
+    power = chi_square_power(plain, naive, N_HSD, ALPHA)
     assert power > 0.85, f"naive resampling would not be detected (power {power:.3f})"
 
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))

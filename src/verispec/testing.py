@@ -20,6 +20,7 @@ __all__ = [
     "RULE_CONFIGS",
     "TOY_ENGINES",
     "ToyTokenizer",
+    "chi_square_power",
     "chi_square_pvalue",
     "reference_greedy",
     "skip_unless_real_pair",
@@ -173,6 +174,23 @@ def chi_square_pvalue(counts: Mapping[tuple, int], exact: Mapping[tuple, float])
         expected = np.append(expected[~small], expected[small].sum())
         observed = np.append(observed[~small], observed[small].sum())
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+def chi_square_power(exact: Mapping[tuple, float], wrong: Mapping[tuple, float], n: int, alpha: float) -> float:
+    """Power of :func:`chi_square_pvalue` (level ``alpha``, bins with expected count < 5 pooled) to reject ``exact``
+    with ``n`` samples that follow ``wrong``: the noncentral chi-square's tail at the central one's critical
+    value."""
+    import numpy as np
+    from scipy.stats import chi2, ncx2
+
+    keys = sorted(exact, key=lambda k: -exact[k])
+    big = [k for k in keys if exact[k] * n >= 5]
+    e_b = np.array([exact[k] for k in big] + [1 - sum(exact[k] for k in big)])
+    w_b = np.array([wrong.get(k, 0.0) for k in big] + [1 - sum(wrong.get(k, 0.0) for k in big)])
+    if e_b[-1] <= 1e-12:
+        e_b, w_b = e_b[:-1], w_b[:-1]
+    df = len(e_b) - 1
+    return float(ncx2.sf(chi2.isf(alpha, df), df, n * float(((w_b - e_b) ** 2 / e_b).sum())))
 
 
 def reference_greedy(model: torch.nn.Module, ids: Sequence[int], n: int) -> list[int]:

@@ -97,3 +97,110 @@ def test_emitted_token_follows_the_exact_law(name, params, onehot):
     assert len(support) > 1  # a point mass would leave nothing to test
     pvalue = chi_square_pvalue({(k,): c for k, c in counts.items()}, {(k,): float(exact[k]) for k in support})
     assert pvalue > 1e-4, (name, onehot, pvalue)
+
+
+def _toy(seed: int, vocab: int = 4):
+    """prefix -> a prefix-dependent distribution with exact zeros (float64), cached."""
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def fn(prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in cache:
+            g = torch.Generator().manual_seed(hash((seed, prefix)) % (2**31))
+            x = torch.rand(vocab, generator=g, dtype=torch.float64) ** 2
+            x = torch.where(torch.rand(vocab, generator=g, dtype=torch.float64) < 0.3, 0.0, x)
+            if x.sum() == 0:
+                x[0] = 1.0
+            cache[prefix] = x / x.sum()
+        return cache[prefix]
+
+    return fn
+
+
+def _argmax_one_hot(q_fn):
+    return lambda prefix: torch.nn.functional.one_hot(q_fn(prefix).argmax(), q_fn(prefix).numel()).double()
+
+
+def test_vllm_round_structure_lossless_is_the_target_law_and_lossy_laws_depend_on_it():
+    """sequence_distribution with vLLM's draft_length (target-only first step, gamma drafts every round, the output
+    cut at the limit): lossless is the target's law to 1e-12 with a one-hot argmax draft; lenience's law sums to 1
+    and differs from the one under verispec's capped rounds by more than 0.01 (so the structure matters)."""
+    from verispec.analysis import sequence_distribution
+    from verispec.integrations.vllm import draft_length
+
+    p_fn = _toy(1)
+    q_fn = _argmax_one_hot(_toy(2))
+    target = sequence_distribution("lossless", p_fn, None, 0, 4, (0,))
+    vllm_law = sequence_distribution("lossless", p_fn, q_fn, 2, 4, (0,), draft_length=draft_length)
+    assert max(abs(vllm_law.get(k, 0.0) - v) for k, v in target.items()) < 1e-12
+    lenient = rules.get("lenience", l=0.3)
+    a = sequence_distribution(lenient, p_fn, q_fn, 2, 4, (0,), draft_length=draft_length)
+    b = sequence_distribution(lenient, p_fn, q_fn, 2, 4, (0,))
+    assert sum(a.values()) == pytest.approx(1.0, abs=1e-12)
+    assert max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b)) > 0.01
+    from verispec.core.rules.budget import Budget
+
+    with pytest.raises(ValueError, match="budget"):
+        sequence_distribution(lenient, p_fn, q_fn, 2, 4, (0,), budget=Budget(tv=0.1), draft_length=draft_length)
+
+
+N_LOOP = 20_000
+
+
+@pytest.mark.parametrize("rule", [rules.get("lossless"), rules.get("lenience", l=0.3),
+                                  rules.get("spec-cascade", p_base=0.3), rules.get("typical", epsilon=0.1)],
+                         ids=lambda r: type(r).__name__)
+def test_vllms_loop_through_the_adapter_follows_the_vllm_round_law(rule):
+    """vLLM's loop simulated on toy models with the adapter itself: a prefill step (no drafts: the bonus position
+    only), then rounds of 2 one-hot argmax drafts verified by verify_requests, output cut at 3 tokens; N = 20,000
+    rows, seed 0, chi-square against sequence_distribution(..., draft_length=vllm's) at alpha 1e-4 (bins with
+    expected count < 5 pooled), a zero-probability continuation fails at once. The law under verispec's own
+    capped rounds differs by > 0.005 and is rejected by the same data (lenience)."""
+    from verispec.analysis import sequence_distribution
+    from verispec.integrations.vllm import draft_length
+
+    p_fn, q_fn, gamma, length = _toy(5), _argmax_one_hot(_toy(6)), 2, 3
+    torch.manual_seed(0)
+    seqs: list[tuple[int, ...]] = [(0,)] * N_LOOP
+    while len(seqs[0]) - 1 < length:
+        done = len(seqs[0]) - 1  # every row is at the same length until the cut: rounds emit variable lengths
+        g = draft_length(done, length, gamma)
+        rows = []
+        for s in seqs:
+            drafts = []
+            for _ in range(g):
+                drafts.append(int(q_fn(s + tuple(drafts)).argmax()))
+            rows.append(drafts)
+        flat = torch.tensor([t for d in rows for t in d], dtype=torch.long)
+        pairs = zip(seqs, rows, strict=True)
+        target = (torch.stack([p_fn(s + tuple(d[:i])) for s, d in pairs for i in range(g)]) if g
+                  else torch.zeros(0, 4, dtype=torch.float64))
+        bonus = torch.stack([p_fn(s + tuple(d)) for s, d in zip(seqs, rows, strict=True)])
+        out = verify_requests([rule] * len(seqs), flat, [g] * len(seqs), None, target, bonus, [False] * len(seqs))
+        seqs = [s + tuple(int(t) for t in o.tolist() if t != PLACEHOLDER) for s, o in zip(seqs, out, strict=True)]
+        seqs = [s[: 1 + length] for s in seqs]
+        if len({len(s) for s in seqs}) > 1:  # rows diverge in length: finish each row on its own
+            break
+    # rows that are not done yet finish with one-row calls (same loop, same law)
+    finished = []
+    for s in seqs:
+        while len(s) - 1 < length:
+            g = draft_length(len(s) - 1, length, gamma)
+            d = []
+            for _ in range(g):
+                d.append(int(q_fn(s + tuple(d)).argmax()))
+            target = torch.stack([p_fn(s + tuple(d[:i])) for i in range(g)]) if g else torch.zeros(0, 4,
+                                                                                                 dtype=torch.float64)
+            o = verify_requests([rule], torch.tensor(d, dtype=torch.long), [g], None, target,
+                                p_fn(s + tuple(d)).unsqueeze(0), [False])[0]
+            s = (s + tuple(int(t) for t in o.tolist() if t != PLACEHOLDER))[: 1 + length]
+        finished.append(s[1:])
+    law = sequence_distribution(rule, p_fn, q_fn, gamma, length, (0,), draft_length=draft_length)
+    assert chi_square_pvalue(Counter(finished), law) > 1e-4
+    if not rule.lossless and isinstance(rule, rules.Lenience):  # the test can tell the two round structures apart
+        capped = sequence_distribution(rule, p_fn, q_fn, gamma, length, (0,))
+        assert max(abs(capped.get(k, 0.0) - law.get(k, 0.0)) for k in set(law) | set(capped)) > 0.005
+        try:
+            wrong = chi_square_pvalue(Counter(finished), capped)
+        except AssertionError:  # a continuation impossible under the capped rounds was sampled
+            wrong = 0.0
+        assert wrong < 1e-4

@@ -22,9 +22,17 @@ from verispec.core.verify.block import block_acceptance, block_residual, block_w
 from verispec.core.verify.hsd import hsd_ratios, hsd_residual, hsd_stop
 from verispec.defaults import VERIFIERS, check_verifier
 
-__all__ = ["VERIFIERS", "expected_accepted", "round_law", "sequence_distribution"]
+__all__ = ["VERIFIERS", "DraftLengthFn", "engine_draft_length", "expected_accepted", "round_law",
+           "sequence_distribution"]
 
 DistFn = Callable[[tuple[int, ...]], torch.Tensor]
+#: (tokens emitted so far, token limit, gamma) -> drafts in the next round
+DraftLengthFn = Callable[[int, int, int], int]
+
+
+def engine_draft_length(done: int, length: int, gamma: int) -> int:
+    """verispec's engine: gamma drafts, capped so that the round's bonus is the last token allowed."""
+    return max(min(gamma, length - done - 1), 0)
 
 
 def _token_round(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int,
@@ -189,6 +197,7 @@ def sequence_distribution(
     prompt: tuple[int, ...] = (),
     verifier: str = "token",
     budget: Budget | None = None,
+    draft_length: DraftLengthFn | None = None,
 ) -> dict[tuple[int, ...], float]:
     """Exact probability of every continuation of ``length`` tokens after ``prompt``.
 
@@ -198,6 +207,10 @@ def sequence_distribution(
     (:mod:`verispec.core.verify.hsd`).
     ``budget``: a divergence budget on the rule's family (:mod:`verispec.core.rules.budget`), with ``length`` as
     the request's max_new_tokens, exactly as the engine spends it.
+    ``draft_length(done, length, gamma)``: the number of drafts of the round that starts after ``done`` emitted tokens;
+    default :func:`engine_draft_length` (verispec's engine caps gamma so that a round never overshoots). An engine
+    that drafts past the token limit and cuts its output there (vLLM) has a law of its own for lossy rules: a round
+    then emits up to g + 1 tokens and the tokens past ``length`` are dropped.
     """
     rule = get(rule) if isinstance(rule, str) else rule
     out: dict[tuple[int, ...], float] = {}
@@ -210,14 +223,16 @@ def sequence_distribution(
             key = prefix[len(prompt) :]
             out[key] = out.get(key, 0.0) + prob
             return
-        g = 0 if q_fn is None else max(min(gamma, length - done - 1), 0)  # the engine caps gamma
+        g = 0 if q_fn is None else (draft_length or engine_draft_length)(done, length, gamma)
         if budget is not None and g > 0:
+            if draft_length is not None:
+                raise ValueError("a divergence budget is spent as verispec's engine drafts (draft_length=None)")
             law = _budget_round(rule, budget, p_fn, q_fn, g, prefix, spent, length - done)  # type: ignore[arg-type]
             for emitted, (pr, sp) in law.items():
                 walk(prefix + emitted, prob * pr, sp)
             return
         for emitted, pr in round_law(rule, p_fn, q_fn, g, prefix, verifier).items():
-            walk(prefix + emitted, prob * pr, spent)
+            walk(prefix + emitted[: length - done], prob * pr, spent)  # an overshooting round is cut
 
     walk(tuple(prompt), 1.0, 0.0)
     return out

@@ -31,7 +31,7 @@ from typing import Any
 
 from verispec.core import rules as _rules
 
-__all__ = ["SUPPORTED", "register", "rule_of"]
+__all__ = ["SUPPORTED", "draft_length", "register", "rule_of"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,14 @@ def rule_of(extra_args: dict[str, Any] | None) -> _rules.Rule | None:
     if not extra_args or "verification" not in extra_args:
         return None
     return _rules.from_request(extra_args["verification"], where="verification")
+
+
+def draft_length(done: int, length: int, gamma: int) -> int:
+    """How vLLM (0.32, v1 engine, a draft-model proposer) drafts, for
+    :func:`verispec.analysis.sequence_distribution`: the first token comes from the prefill step (the target
+    alone), every later step verifies gamma drafts whatever the token limit, and the output is cut at
+    ``max_tokens``. Lossless verification's law does not depend on it; a lossy rule's does."""
+    return 0 if done == 0 else gamma
 
 
 def register() -> None:
