@@ -70,7 +70,9 @@ class VLLMEngine:
     def _params(self, req: Request, verification: dict | None) -> Any:
         from vllm import SamplingParams
 
-        s = req.sampling
+        from verispec.core.sampling import SamplingConfig
+
+        s = req.sampling or SamplingConfig()
         if req.gamma not in (None, self.gamma):
             raise ValueError(f"this vLLM engine drafts gamma = {self.gamma}; the request asks {req.gamma}")
         return SamplingParams(
@@ -84,8 +86,9 @@ class VLLMEngine:
         object (None: vLLM's own sampler)."""
         params = [self._params(r, v) for r, v in zip(requests, verifications, strict=True)]
         t0 = time.perf_counter()
-        outs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params,
-                                 use_tqdm=False)
+        prompts = [self.tokenizer.encode(r.prompt) if isinstance(r.prompt, str) else [int(t) for t in r.prompt]
+                   for r in requests]
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
         wall = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs) or 1
         results = []
