@@ -12,27 +12,7 @@ from verispec.core.rules import get
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_greedy
-from verispec.testing import chi_square_pvalue, toy_engine
-
-
-def toy_model(seed: int, vocab: int, zeros: bool = True):
-    """p(prefix) / q(prefix): a prefix-dependent distribution over ``vocab`` tokens from a hash of the prefix,
-    with some exact zeros (at least one token keeps mass)."""
-    cache: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def fn(prefix: tuple[int, ...]) -> torch.Tensor:
-        if prefix not in cache:
-            g = torch.Generator().manual_seed(hash((seed, prefix)) % (2**31))
-            x = torch.rand(vocab, generator=g, dtype=torch.float64) ** 2
-            if zeros:
-                x = torch.where(torch.rand(vocab, generator=g, dtype=torch.float64) < 0.3, 0.0, x)
-                if x.sum() == 0:
-                    x[int(torch.randint(vocab, (1,), generator=g))] = 1.0
-            cache[prefix] = x / x.sum()
-        return cache[prefix]
-
-    return fn
-
+from verispec.testing import chi_square_pvalue, toy_engine, toy_model
 
 CASES = [(seed, vocab, gamma) for seed in range(6) for vocab, gamma in ((2, 3), (3, 2), (4, 3), (5, 2), (5, 3))]
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_block_verification import toy_model
 
 from verispec.analysis.sequence import expected_accepted, round_law, sequence_distribution
 from verispec.core.rules import get
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.chain import verify_greedy
 from verispec.core.verify.hsd import hsd_ratios, verify_chain_hsd
-from verispec.testing import chi_square_pvalue, toy_engine
+from verispec.testing import chi_square_pvalue, toy_engine, toy_model
 
 CASES = [(seed, vocab, gamma) for seed in range(6) for vocab, gamma in ((2, 3), (3, 2), (4, 3), (5, 2), (5, 3))]
 

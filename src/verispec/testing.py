@@ -20,12 +20,14 @@ __all__ = [
     "RULE_CONFIGS",
     "TOY_ENGINES",
     "ToyTokenizer",
+    "chi_square_bins",
     "chi_square_power",
     "chi_square_pvalue",
     "reference_greedy",
     "skip_unless_real_pair",
     "tiny_qwen",
     "toy_engine",
+    "toy_model",
 ]
 
 #: one representative parameterization per rule configuration (truncation rules with both corrections, both
@@ -156,37 +158,66 @@ def toy_engine(drafter: str = "model", vocab_size: int = 64, cache: bool = True,
 TOY_ENGINES: Any = None
 
 
+def toy_model(seed: int, vocab: int, zeros: bool = True) -> Any:
+    """p(prefix) / q(prefix) for exact-law tests: a prefix-dependent distribution over ``vocab`` tokens (float64)
+    from a hash of the prefix, with some exact zeros (at least one token keeps mass); cached per prefix."""
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def fn(prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in cache:
+            g = torch.Generator().manual_seed(hash((seed, prefix)) % (2**31))
+            x = torch.rand(vocab, generator=g, dtype=torch.float64) ** 2
+            if zeros:
+                x = torch.where(torch.rand(vocab, generator=g, dtype=torch.float64) < 0.3, 0.0, x)
+                if x.sum() == 0:
+                    x[int(torch.randint(vocab, (1,), generator=g))] = 1.0
+            cache[prefix] = x / x.sum()
+        return cache[prefix]
+
+    return fn
+
+
+def chi_square_bins(exact: Mapping[tuple, float], n: int) -> tuple[list[tuple], list[tuple]]:
+    """The bins of :func:`chi_square_pvalue` for ``n`` samples: (kept outcomes, pooled outcomes). Outcomes with
+    expected count < 5 are pooled into one bin, and while that bin's expected count is still below 5 the smallest
+    kept outcomes join it (a pool of expected 0.02 would turn a single chance hit into a rejection)."""
+    keys = sorted(exact, key=lambda k: -exact[k])
+    kept = [k for k in keys if exact[k] * n >= 5]
+    pooled = [k for k in keys if exact[k] * n < 5]
+    while pooled and sum(exact[k] for k in pooled) * n < 5 and len(kept) > 1:
+        pooled.insert(0, kept.pop())
+    return kept, pooled
+
+
 def chi_square_pvalue(counts: Mapping[tuple, int], exact: Mapping[tuple, float]) -> float:
-    """Chi-square goodness-of-fit p-value of observed ``counts`` against the exact law ``exact`` (bins with
-    expected count < 5 pooled into one). Raises AssertionError at once if a bin of exact probability zero was
-    observed: a sampler that emits an impossible outcome fails regardless of the statistic."""
+    """Chi-square goodness-of-fit p-value of observed ``counts`` against the exact law ``exact`` (outcomes with
+    expected count < 5 pooled into one bin of at least 5: :func:`chi_square_bins`). Raises AssertionError at once
+    if a bin of exact probability zero was observed: a sampler that emits an impossible outcome fails regardless of
+    the statistic."""
     import numpy as np
     from scipy.stats import chisquare
 
     impossible = [k for k, c in counts.items() if c and exact.get(k, 0.0) <= 0]
     assert not impossible, f"sampled zero-probability outcome(s) {impossible[:3]}"
     n = sum(counts.values())
-    keys = sorted(exact, key=lambda k: -exact[k])
-    expected = np.array([exact[k] * n for k in keys])
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
+    kept, pooled = chi_square_bins(exact, n)
+    expected = np.array([exact[k] * n for k in kept])
+    observed = np.array([counts.get(k, 0) for k in kept], dtype=float)
+    if pooled:
+        expected = np.append(expected, sum(exact[k] for k in pooled) * n)
+        observed = np.append(observed, sum(counts.get(k, 0) for k in pooled))
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
 def chi_square_power(exact: Mapping[tuple, float], wrong: Mapping[tuple, float], n: int, alpha: float) -> float:
-    """Power of :func:`chi_square_pvalue` (level ``alpha``, bins with expected count < 5 pooled) to reject ``exact``
-    with ``n`` samples that follow ``wrong``: the noncentral chi-square's tail at the central one's critical
-    value."""
+    """Power of :func:`chi_square_pvalue` (level ``alpha``, the same bins) to reject ``exact`` with ``n`` samples
+    that follow ``wrong``: the noncentral chi-square's tail at the central one's critical value."""
     import numpy as np
     from scipy.stats import chi2, ncx2
 
-    keys = sorted(exact, key=lambda k: -exact[k])
-    big = [k for k in keys if exact[k] * n >= 5]
-    e_b = np.array([exact[k] for k in big] + [1 - sum(exact[k] for k in big)])
-    w_b = np.array([wrong.get(k, 0.0) for k in big] + [1 - sum(wrong.get(k, 0.0) for k in big)])
+    kept, _ = chi_square_bins(exact, n)
+    e_b = np.array([exact[k] for k in kept] + [1 - sum(exact[k] for k in kept)])
+    w_b = np.array([wrong.get(k, 0.0) for k in kept] + [1 - sum(wrong.get(k, 0.0) for k in kept)])
     if e_b[-1] <= 1e-12:
         e_b, w_b = e_b[:-1], w_b[:-1]
     df = len(e_b) - 1

@@ -15,7 +15,7 @@ import torch
 from verispec.analysis import induced_distribution
 from verispec.core import rules
 from verispec.integrations.vllm.sampler import PLACEHOLDER, verify_requests
-from verispec.testing import chi_square_pvalue
+from verispec.testing import chi_square_pvalue, toy_model
 
 V = 10
 
@@ -99,22 +99,6 @@ def test_emitted_token_follows_the_exact_law(name, params, onehot):
     assert pvalue > 1e-4, (name, onehot, pvalue)
 
 
-def _toy(seed: int, vocab: int = 4):
-    """prefix -> a prefix-dependent distribution with exact zeros (float64), cached."""
-    cache: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def fn(prefix: tuple[int, ...]) -> torch.Tensor:
-        if prefix not in cache:
-            g = torch.Generator().manual_seed(hash((seed, prefix)) % (2**31))
-            x = torch.rand(vocab, generator=g, dtype=torch.float64) ** 2
-            x = torch.where(torch.rand(vocab, generator=g, dtype=torch.float64) < 0.3, 0.0, x)
-            if x.sum() == 0:
-                x[0] = 1.0
-            cache[prefix] = x / x.sum()
-        return cache[prefix]
-
-    return fn
-
 
 def _argmax_one_hot(q_fn):
     return lambda prefix: torch.nn.functional.one_hot(q_fn(prefix).argmax(), q_fn(prefix).numel()).double()
@@ -127,8 +111,8 @@ def test_vllm_round_structure_lossless_is_the_target_law_and_lossy_laws_depend_o
     from verispec.analysis import sequence_distribution
     from verispec.integrations.vllm import draft_length
 
-    p_fn = _toy(1)
-    q_fn = _argmax_one_hot(_toy(2))
+    p_fn = toy_model(1, 4)
+    q_fn = _argmax_one_hot(toy_model(2, 4))
     target = sequence_distribution("lossless", p_fn, None, 0, 4, (0,))
     vllm_law = sequence_distribution("lossless", p_fn, q_fn, 2, 4, (0,), draft_length=draft_length)
     assert max(abs(vllm_law.get(k, 0.0) - v) for k, v in target.items()) < 1e-12
@@ -158,7 +142,7 @@ def test_vllms_loop_through_the_adapter_follows_the_vllm_round_law(rule):
     from verispec.analysis import sequence_distribution
     from verispec.integrations.vllm import draft_length
 
-    p_fn, q_fn, gamma, length = _toy(5), _argmax_one_hot(_toy(6)), 2, 3
+    p_fn, q_fn, gamma, length = toy_model(5, 4), _argmax_one_hot(toy_model(6, 4)), 2, 3
     torch.manual_seed(0)
     seqs: list[tuple[int, ...]] = [(0,)] * N_LOOP
     while len(seqs[0]) - 1 < length:
