@@ -61,7 +61,7 @@ def laws():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verispec.core.sampling import SamplingConfig
-    from verispec.integrations.vllm.certify import exact_law, model_dist_fn
+    from verispec.integrations.vllm.certify import prepare_laws
     from verispec.models import converted_dir
 
     target_dir, draft_dir = (str(converted_dir(m)) for m in ("qwen2.5-coder-1.5b-instruct",
@@ -70,17 +70,9 @@ def laws():
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": CERT_PROMPT}], tokenize=False,
                                                 add_generation_prompt=True))
     cfg = SamplingConfig(temperature=1.0, top_p=CERT_TOP_P)
-    ties: dict = {}
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.bfloat16).eval()
-    p_fn = model_dist_fn(target, cfg, ties=ties)
-    q_fn = model_dist_fn(draft, cfg, one_hot=True, ties=ties)
-    for v in CERT_RULES:
-        rule = rules.from_request(v)
-        exact_law(rule, p_fn, q_fn, prompt, 2, 3)
-        exact_law(rules.get("naive-resample" if rule.lossless else "lossless"), p_fn, q_fn, prompt, 2, 3)
-    p_fn.release()
-    q_fn.release()
+    p_fn, q_fn, ties = prepare_laws(target, draft, prompt, CERT_RULES, cfg, gamma=2, length=3)
     del target, draft
     gc.collect()
     return {"prompt": prompt, "cfg": cfg, "p_fn": p_fn, "q_fn": q_fn, "ties": ties}
@@ -147,6 +139,10 @@ def test_bad_verification_is_a_value_error_naming_the_field(llm):
     with pytest.raises(ValueError, match="logprobs"):
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, logprobs=2,
                                                  extra_args={"verification": {"rule": "lossless"}}))
+    for name, value in (("min_tokens", 2), ("allowed_token_ids", [13, 14]), ("repetition_penalty", 1.2)):
+        with pytest.raises(ValueError, match=name if name != "repetition_penalty" else "penalties"):
+            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, **{name: value},
+                                                     extra_args={"verification": {"rule": "lossless"}}))
     out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4))  # the engine goes on
     assert len(out[0].outputs[0].token_ids) == 4
 

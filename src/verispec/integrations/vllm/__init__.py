@@ -15,13 +15,17 @@ What it changes in vLLM (read from vLLM 0.32's source; other versions are refuse
 - the OpenAI request models' ``to_sampling_params``: a top-level ``verification`` field goes into ``extra_args``.
 - ``GPUModelRunner._sample`` (the CPU runner inherits it): before each speculative step it reads each running
   request's rule from the input batch and hands the list to the rejection sampler.
-- ``RejectionSampler.forward``: vLLM's own forward runs first (all requests, unchanged); the requests with a rule
-  are then verified again by :func:`verispec.integrations.vllm.sampler.verify_requests` on vLLM's processed target
-  distributions (temperature, top-k, top-p applied exactly as vLLM applies them), its draft probabilities (or
-  one-hot drafts) and the bonus position, and their rows of the output are replaced. A failure there is logged
-  and leaves vLLM's result for that step: it never takes other requests down.
+- ``RejectionSampler.forward``: when every request of the step has a rule, vLLM's own sampler does not run; when
+  some do, it runs first (all requests, unchanged). The requests with a rule are verified by
+  :func:`verispec.integrations.vllm.sampler.verify_requests` on vLLM's processed target distributions
+  (temperature, top-k, top-p applied exactly as vLLM applies them), its draft probabilities (or one-hot drafts)
+  and the bonus position, and their rows of the output are replaced. A failure there is logged and leaves vLLM's
+  result for that step: it never takes other requests down. With ``VERISPEC_VLLM_STATS=PATH`` set, each process
+  writes its seconds per step in vLLM's sampler and in the plug-in to ``PATH.<pid>`` (JSON).
 
-Not supported with a rule (refused at validation): ``logprobs`` (vLLM gathers them for its own tokens).
+Not supported with a rule (refused at validation, naming the field): ``logprobs`` / ``prompt_logprobs`` (vLLM
+gathers them for its own tokens), penalties, and ``min_p``, ``min_tokens``, ``logit_bias``, ``allowed_token_ids``,
+``bad_words`` (vLLM applies them outside the distributions the plug-in verifies against).
 """
 
 from __future__ import annotations

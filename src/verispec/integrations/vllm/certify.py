@@ -124,6 +124,33 @@ def exact_law(rule: _rules.Rule, p_fn: Any, q_fn: Any, prompt: list[int], gamma:
     return sequence_distribution(rule, p_fn, q_fn, gamma, length, tuple(prompt), draft_length=draft_length)
 
 
+def alternative(rule: _rules.Rule) -> str:
+    """The rule whose law a certificate of ``rule`` must be able to reject: lossless for a lossy rule (the plug-in
+    not applied), naive resampling for lossless."""
+    return "naive-resample" if rule.lossless else "lossless"
+
+
+def prepare_laws(target: Any, draft: Any, prompt: list[int], verifications: list[dict | None], cfg: SamplingConfig,
+                 *, gamma: int, length: int, n: int | None = None) -> tuple[ModelDist, ModelDist, dict]:
+    """Distribution functions of the loaded pair (transformers models) with every law the certificates of
+    ``verifications`` need already computed (each rule's and its :func:`alternative`'s), then the models released:
+    vLLM can load without two copies of the pair in memory. Returns (p_fn, q_fn, ties). With ``n``, a near-tie
+    that could move samples raises :class:`NearTie` (pick another top-p or prompt)."""
+    ties: dict[tuple[int, ...], float] = {}
+    p_fn, q_fn = model_dist_fn(target, cfg, ties=ties), model_dist_fn(draft, cfg, one_hot=True, ties=ties)
+    try:
+        for v in verifications:
+            rule = _rules.from_request(v) if v is not None else _rules.get("lossless")
+            law = exact_law(rule, p_fn, q_fn, prompt, gamma, length)
+            if n is not None:
+                check_ties(law, ties, prompt, n)
+            exact_law(_rules.get(alternative(rule)), p_fn, q_fn, prompt, gamma, length)
+    finally:
+        p_fn.release()
+        q_fn.release()
+    return p_fn, q_fn, ties
+
+
 def sample_continuations(llm: Any, prompt: list[int], verification: dict | None, cfg: SamplingConfig, n: int,
                          length: int, chunk: int = 64) -> Counter:
     """``n`` seeded continuations (seeds 0..n-1, EOS ignored) through ``llm``; ``verification=None`` is vLLM's own
@@ -180,7 +207,7 @@ def certify(llm: Any, p_fn: Any, q_fn: Any, prompt: list[int], verification: dic
     rule = _rules.from_request(verification) if verification is not None else _rules.get("lossless")
     law = exact_law(rule, p_fn, q_fn, prompt, gamma, length)
     check_ties(law, ties or {}, prompt, n)
-    alt_name = "naive-resample" if rule.lossless else "lossless"
+    alt_name = alternative(rule)
     alt = exact_law(_rules.get(alt_name), p_fn, q_fn, prompt, gamma, length)
     t0 = time.perf_counter()
     counts = sample_continuations(llm, prompt, verification, cfg, n, length)

@@ -75,6 +75,10 @@ class VLLMEngine:
         s = req.sampling or SamplingConfig()
         if req.gamma not in (None, self.gamma):
             raise ValueError(f"this vLLM engine drafts gamma = {self.gamma}; the request asks {req.gamma}")
+        for name, unset in (("eta", None), ("logit_bias", None), ("repetition_penalty", 1.0),
+                            ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
+            if getattr(s, name) != unset:  # vLLM has no eta sampling; the others are refused with a rule
+                raise ValueError(f"--engine vllm does not run sampling setting {name} = {getattr(s, name)!r}")
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p if s.top_p is not None else 1.0,
             top_k=s.top_k if s.top_k is not None else 0, min_p=s.min_p or 0.0, seed=req.seed,

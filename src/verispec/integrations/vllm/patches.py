@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import time
 from typing import Any
 
 import torch
@@ -14,7 +17,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from verispec.core import rules as _rules
 from verispec.integrations.vllm import rule_of
-from verispec.integrations.vllm.sampler import verify_requests
+from verispec.integrations.vllm.sampler import PLACEHOLDER, verify_requests
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,13 @@ def _check_params(params: SamplingParams) -> None:
     if penalties:
         raise VerificationError("penalties are not supported together with a verification rule yet (the bonus "
                                   "position's distribution would not include them)", parameter="verification")
+    # applied by vLLM's sampler outside the rejection sampler's processed target (or at the bonus position only):
+    # the plug-in's p would not include them, so a rule would verify against the wrong law
+    for name, unset in (("min_p", 0.0), ("min_tokens", 0), ("logit_bias", None), ("allowed_token_ids", None),
+                        ("bad_words", None)):
+        if getattr(params, name, unset) not in (unset, [], {}):
+            raise VerificationError(f"{name} is not supported together with a verification rule (vLLM applies "
+                                      "it outside the distributions the plug-in verifies against)", parameter=name)
 
 
 def _patch_validation() -> None:
@@ -122,17 +132,56 @@ def _processed_probs(sampler: rs.RejectionSampler, metadata: Any, logits: torch.
     return target.softmax(-1, dtype=torch.float32), bonus.softmax(-1, dtype=torch.float32)
 
 
+class _StepStats:
+    """Seconds per verify step in vLLM's own sampler and in the plug-in, written to ``$VERISPEC_VLLM_STATS.<pid>``
+    (JSON, after every step) when that variable is set: how ``benchmarks/vllm_cpu.py`` prices the plug-in."""
+
+    def __init__(self) -> None:
+        base = os.environ.get("VERISPEC_VLLM_STATS")
+        self.path = f"{base}.{os.getpid()}" if base else None
+        self.totals = {"steps": 0, "vllm_sampler_s": 0.0, "verispec_s": 0.0, "verispec_steps": 0}
+
+    def add(self, vllm_s: float, verispec_s: float, with_rule: bool) -> None:
+        t = self.totals
+        t["steps"] += 1
+        t["verispec_steps"] += int(with_rule)
+        t["vllm_sampler_s"] += vllm_s
+        t["verispec_s"] += verispec_s
+        with open(self.path, "w") as f:  # type: ignore[arg-type]
+            json.dump(t, f)
+
+
+def _sampler_output(tokens: torch.Tensor) -> Any:
+    from vllm.v1.outputs import SamplerOutput
+
+    return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
+
+
 def _patch_rejection_sampler() -> None:
     original = rs.RejectionSampler.forward
+    stats = _StepStats()
+    clock = time.perf_counter
 
     def forward(self: rs.RejectionSampler, metadata: Any, draft_probs: torch.Tensor | None, logits: torch.Tensor,
                 sampling_metadata: Any) -> Any:
         found = getattr(self, "_verispec_rules", None)
         self._verispec_rules = None
+        t0 = clock()
         if not found or len(found) != len(metadata.num_draft_tokens):
-            return original(self, metadata, draft_probs, logits, sampling_metadata)
-        kept = logits.clone()  # vLLM may update logits in place
-        out = original(self, metadata, draft_probs, logits, sampling_metadata)
+            out = original(self, metadata, draft_probs, logits, sampling_metadata)
+            if stats.path:
+                stats.add(clock() - t0, 0.0, False)
+            return out
+        if all(r is not None for r in found):
+            # every row is the plug-in's: vLLM's own sampler need not run (no logprobs: refused with a rule)
+            own, t1, kept = None, t0, logits
+        else:
+            kept = logits.clone()  # vLLM may update logits in place
+            own = original(self, metadata, draft_probs, logits, sampling_metadata)
+            t1 = clock()
+        width = metadata.max_spec_len + 1  # vLLM's output layout
+        tokens = (own.sampled_token_ids if own is not None else
+                  torch.full((len(found), width), PLACEHOLDER, dtype=torch.int32, device=logits.device))
         try:
             target, bonus = _processed_probs(self, metadata, kept, sampling_metadata)
             if not (bool(torch.isfinite(target).all()) and bool(torch.isfinite(bonus).all())):
@@ -146,10 +195,15 @@ def _patch_rejection_sampler() -> None:
             else:
                 greedy = [bool(t == 0) for t in sampling_metadata.temperature.tolist()]
             verify_requests(found, metadata.draft_token_ids, metadata.num_draft_tokens, draft_probs, target, bonus,
-                            greedy, sampling_metadata.generators, out=out.sampled_token_ids)
+                            greedy, sampling_metadata.generators, out=tokens)
         except Exception:  # never take other requests down: this step keeps vLLM's own tokens
             log.exception("verispec's verification failed for this step; vLLM's own result is kept")
-        return out
+            if own is None:
+                own = original(self, metadata, draft_probs, kept, sampling_metadata)
+            return own
+        if stats.path:
+            stats.add(t1 - t0, clock() - t1, True)
+        return own if own is not None else _sampler_output(tokens)
 
     rs.RejectionSampler.forward = forward  # type: ignore[method-assign]
 
