@@ -14,8 +14,12 @@ Parts, each in a process of its own (vLLM runs in .venv-vllm, made by ``scripts/
   a time) and batch 8 (8 requests in one ``generate`` call): the target alone, speculative with vLLM's own
   sampler, and the plug-in's lossless and lenience (l = 0.5); acceptance from vLLM's per-request spec-decode
   metrics. The speculative contenders run alternated, prompt by prompt, in one engine; the target alone needs an
-  engine of its own and runs before it. The plug-in's cost per step is the ratio of seconds per verify step to
-  vLLM's own sampler's.
+  engine of its own and runs before it. The plug-in counts engine steps and the seconds spent in vLLM's rejection
+  sampler and in its own verification inside vLLM's worker (``VERISPEC_VLLM_STATS``): the plug-in's cost is what
+  it adds to a step against vLLM's own sampler. Greedy (temperature 0) on the same prompts: the plug-in's lossless
+  decode against the target alone without speculation, token for token.
+- ``unplugged`` (vLLM env): vLLM's own speculative sampling with the plug-in not loaded (``VLLM_PLUGINS=none``):
+  acceptance and the start of an output at temperature 0.7, 1 and 0.
 - ``local`` (main env): ``verispec serve`` (llama.cpp target and llama.cpp draft, gamma 4, lossless, over HTTP with
   the official openai client; 8 client threads at batch 8) and llama.cpp alone (llama-cpp-python, the target GGUF;
   it has no batching, so batch 8 is 8 requests one after another). The server stops at EOS (it has no
@@ -23,8 +27,9 @@ Parts, each in a process of its own (vLLM runs in .venv-vllm, made by ``scripts/
 
     .venv-vllm/bin/python benchmarks/vllm_cpu.py certify --out docs/results/vllm_cpu_certify.json
     .venv-vllm/bin/python benchmarks/vllm_cpu.py vllm --out docs/results/vllm_cpu_vllm.json
+    .venv-vllm/bin/python benchmarks/vllm_cpu.py unplugged --out docs/results/vllm_cpu_unplugged.json
     python3 benchmarks/vllm_cpu.py local --out docs/results/vllm_cpu_local.json
-    python3 benchmarks/vllm_cpu.py report --md docs/results/vllm_cpu.md   # the table from the three JSONs
+    python3 benchmarks/vllm_cpu.py report --md docs/results/vllm_cpu.md   # the tables from the JSONs
 
 Stop anything else using the CPU first: the numbers are ratios measured in one run on one machine.
 """
@@ -98,9 +103,8 @@ def run_certify(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
     from verispec import models
-    from verispec.core import rules
     from verispec.core.sampling import SamplingConfig
-    from verispec.integrations.vllm.certify import NearTie, certify, check_ties, exact_law, model_dist_fn
+    from verispec.integrations.vllm.certify import NearTie, certify, prepare_laws
 
     target = AutoModelForCausalLM.from_pretrained(str(models.converted_dir(models.DEFAULT_TARGET)),
                                                   dtype=torch.bfloat16).eval()
@@ -112,13 +116,8 @@ def run_certify(args: argparse.Namespace) -> dict:
     prompt = _chat_ids(tok, args.prompt)
     for top_p in args.top_p:  # the first top-p whose laws are clear of near-ties that matter
         cfg = SamplingConfig(temperature=1.0, top_p=top_p)
-        ties: dict = {}
-        p_fn, q_fn = model_dist_fn(target, cfg, ties=ties), model_dist_fn(draft, cfg, one_hot=True, ties=ties)
         try:
-            for v in CERTIFY:  # every law first (fills the caches), then the models go before vLLM loads
-                rule = rules.from_request(v) if v else rules.get("lossless")
-                check_ties(exact_law(rule, p_fn, q_fn, prompt, 2, 3), ties, prompt, args.n)
-                exact_law(rules.get("naive-resample" if rule.lossless else "lossless"), p_fn, q_fn, prompt, 2, 3)
+            p_fn, q_fn, ties = prepare_laws(target, draft, prompt, CERTIFY, cfg, gamma=2, length=3, n=args.n)
             break
         except NearTie as exc:
             print(f"top-p {top_p}: {exc}", flush=True)
@@ -126,14 +125,12 @@ def run_certify(args: argparse.Namespace) -> dict:
         raise SystemExit("no top-p of --top-p is clear of near-ties for this prompt")
     with torch.no_grad():
         hf_logprobs = target(torch.tensor([prompt])).logits[0, -1].float().log_softmax(-1)
-    p_fn.release()
-    q_fn.release()
     del target, draft
     gc.collect()
     llm = _llm(True, "bfloat16", 2)
     from vllm import SamplingParams
 
-    # how far vLLM's float32 target is from transformers' on the prompt (its raw log-probabilities, top 20)
+    # how far vLLM's bf16 target is from transformers' on the prompt (its raw log-probabilities, top 20)
     first = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1, logprobs=20, temperature=1.0,
                                                                          seed=0), use_tqdm=False)[0].outputs[0]
     gap = max(abs(lp.logprob - float(hf_logprobs[t])) for t, lp in first.logprobs[0].items())
@@ -153,11 +150,13 @@ def _vllm_contender(llm, prompts: list[list[int]], verification: dict | None, ba
     extra = {"verification": verification} if verification else None
     params = [SamplingParams(temperature=TEMPERATURE, seed=i, max_tokens=max_tokens, ignore_eos=True,
                              extra_args=extra) for i in range(len(prompts))]
+    before = _step_stats()
     t0, outs = time.perf_counter(), []
     for s in range(0, len(prompts), batch):
         outs += llm.generate([{"prompt_token_ids": p} for p in prompts[s : s + batch]], params[s : s + batch],
                              use_tqdm=False)
     seconds = time.perf_counter() - t0
+    after = _step_stats()
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     steps = accepted = 0
     for o in outs:
@@ -165,28 +164,87 @@ def _vllm_contender(llm, prompts: list[list[int]], verification: dict | None, ba
         if m is not None:
             steps += sum(m.histogram)
             accepted += sum(j * c for j, c in enumerate(m.histogram))
-    return {"seconds": seconds, "tokens": tokens, "steps": steps, "accepted": accepted}
+    return {"seconds": seconds, "tokens": tokens, "steps": steps, "accepted": accepted,
+            **{k: after[k] - before[k] for k in after}}
+
+
+def _step_stats() -> dict:
+    """The plug-in's per-process step timings (``VERISPEC_VLLM_STATS``), summed over vLLM's processes: engine
+    steps through the rejection sampler, seconds in vLLM's sampler and in the plug-in."""
+    tot = {"engine_steps": 0, "vllm_sampler_s": 0.0, "verispec_s": 0.0}
+    base = os.environ.get("VERISPEC_VLLM_STATS")
+    for f in Path(base).parent.glob(Path(base).name + ".*") if base else []:
+        d = json.loads(f.read_text() or "{}")
+        tot["engine_steps"] += d.get("steps", 0)
+        tot["vllm_sampler_s"] += d.get("vllm_sampler_s", 0.0)
+        tot["verispec_s"] += d.get("verispec_s", 0.0)
+    return tot
+
+
+def _greedy(llm, prompts: list[list[int]], max_tokens: int, verification: dict | None = None,
+            logprobs: bool = False) -> list[dict]:
+    """Greedy decodes, one batch of all prompts; with ``logprobs`` also the gap between the top two log-probs
+    at each position (how near a tie the argmax was)."""
+    from vllm import SamplingParams
+
+    extra = {"verification": verification} if verification else None
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra,
+                                       logprobs=2 if logprobs else None), use_tqdm=False)
+    res = []
+    for o in outs:
+        c = o.outputs[0]
+        gaps = ([abs(lp[0] - lp[1]) if len(lp) > 1 else None
+                 for lp in ([x.logprob for x in pos.values()] for pos in c.logprobs)] if logprobs else None)
+        res.append({"tokens": list(c.token_ids), "gaps": gaps})
+    return res
+
+
+def _compare_greedy(plain: list[dict], plugin: list[dict], own: list[dict]) -> dict:
+    """Per prompt: whether the plug-in's greedy lossless decode (and vLLM's own speculative one) equals the
+    target's greedy decode without speculation; at a first divergence, the target's top-two log-prob gap there."""
+    def first_diff(x: list[int], y: list[int]) -> int | None:
+        return next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t),
+                    None if len(x) == len(y) else min(len(x), len(y)))
+
+    rows = []
+    for a, b, c in zip(plain, plugin, own, strict=True):
+        d_plugin, d_own = first_diff(a["tokens"], b["tokens"]), first_diff(a["tokens"], c["tokens"])
+        rows.append({"plugin_equal": d_plugin is None, "plugin_first_diff": d_plugin,
+                     "own_equal": d_own is None, "own_first_diff": d_own,
+                     "gap_at_plugin_diff": None if d_plugin is None or d_plugin >= len(a["gaps"])
+                     else a["gaps"][d_plugin], "plugin_equals_own": b["tokens"] == c["tokens"]})
+    return {"prompts": len(rows), "plugin_equal": sum(r["plugin_equal"] for r in rows),
+            "own_equal": sum(r["own_equal"] for r in rows),
+            "plugin_equals_own": sum(r["plugin_equals_own"] for r in rows), "rows": rows}
 
 
 def run_vllm(args: argparse.Namespace) -> dict:
     import gc
+    import tempfile
 
     out: dict = {"cpu": cpu(), "gamma": GAMMA, "temperature": TEMPERATURE, "max_tokens": args.max_tokens,
                  "dtype": "bfloat16", "rows": {}}
+    os.environ["VERISPEC_VLLM_STATS"] = str(Path(tempfile.mkdtemp()) / "steps")  # read by the plug-in
     llm = _llm(False, "bfloat16", GAMMA)
     tok = llm.get_tokenizer()
     prompts = [_chat_ids(tok, t) for t in PROMPTS]
     _vllm_contender(llm, prompts[:1], None, 1, 8)  # warm-up
     for batch in (1, 8):
         out["rows"][f"vllm target only/b{batch}"] = _vllm_contender(llm, prompts, None, batch, args.max_tokens)
+    plain = _greedy(llm, prompts, args.max_tokens, logprobs=True)
     del llm
     gc.collect()
     llm = _llm(True, "bfloat16", GAMMA)
+    out["greedy"] = _compare_greedy(plain, _greedy(llm, prompts, args.max_tokens, {"rule": "lossless"}),
+                                    _greedy(llm, prompts, args.max_tokens))
+    print(json.dumps(out["greedy"]), flush=True)
     contenders = {"vllm speculative (its sampler)": None, "vllm + verispec lossless": {"rule": "lossless"},
                   "vllm + verispec lenience l=0.5": {"rule": "lenience", "params": {"l": 0.5}}}
     _vllm_contender(llm, prompts[:1], {"rule": "lossless"}, 1, 8)
     for batch in (1, 8):
-        acc = {name: {"seconds": 0.0, "tokens": 0, "steps": 0, "accepted": 0} for name in contenders}
+        acc = {name: {"seconds": 0.0, "tokens": 0, "steps": 0, "accepted": 0, "engine_steps": 0,
+                      "vllm_sampler_s": 0.0, "verispec_s": 0.0} for name in contenders}
         for rep in range(args.repeats):  # alternated, so drift hits every contender alike
             for name, v in (list(contenders.items()) if rep % 2 == 0 else list(contenders.items())[::-1]):
                 r = _vllm_contender(llm, prompts, v, batch, args.max_tokens)
@@ -195,6 +253,29 @@ def run_vllm(args: argparse.Namespace) -> dict:
         for name in contenders:
             out["rows"][f"{name}/b{batch}"] = acc[name]
         print(json.dumps({k: v for k, v in out["rows"].items() if k.endswith(f"b{batch}")}), flush=True)
+    return out
+
+
+def run_unplugged(args: argparse.Namespace) -> dict:
+    """vLLM's own speculative sampling with the plug-in not loaded at all (``VLLM_PLUGINS=none``): acceptance and a
+    sample of text at temperature 0.7 and 1, and greedy, on the first 4 prompts."""
+    from vllm import SamplingParams
+
+    os.environ["VLLM_PLUGINS"] = "none"
+    llm = _llm(True, "bfloat16", GAMMA)
+    tok = llm.get_tokenizer()
+    prompts = [_chat_ids(tok, t) for t in PROMPTS[:4]]
+    out: dict = {"cpu": cpu(), "gamma": GAMMA, "max_tokens": args.max_tokens, "rows": []}
+    for temp in (TEMPERATURE, 1.0, 0.0):
+        res = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           [SamplingParams(temperature=temp, seed=i, max_tokens=args.max_tokens, ignore_eos=True)
+                            for i in range(len(prompts))], use_tqdm=False)
+        steps = sum(sum(o.outputs[0].spec_decode_metrics.histogram) for o in res)
+        accepted = sum(sum(j * c for j, c in enumerate(o.outputs[0].spec_decode_metrics.histogram)) for o in res)
+        out["rows"].append({"temperature": temp, "steps": steps, "accepted": accepted,
+                            "tokens": sum(len(o.outputs[0].token_ids) for o in res),
+                            "text": tok.decode(res[0].outputs[0].token_ids)})
+        print(json.dumps(out["rows"][-1]), flush=True)
     return out
 
 
@@ -263,7 +344,8 @@ def run_local(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- report
 def report(args: argparse.Namespace) -> str:
-    parts = {p: json.loads((RESULTS / f"vllm_cpu_{p}.json").read_text()) for p in ("certify", "vllm", "local")
+    parts = {p: json.loads((RESULTS / f"vllm_cpu_{p}.json").read_text()) for p in ("certify", "vllm", "unplugged",
+                                                                                       "local")
              if (RESULTS / f"vllm_cpu_{p}.json").exists()}
     lines = ["# vLLM-cpu with verispec's plug-in", ""]
     if "certify" in parts:
@@ -303,29 +385,69 @@ def report(args: argparse.Namespace) -> str:
         v = parts.get("vllm") or parts["local"]
         lines += ["## Cost: one table, same pair, same prompts", "",
                   f"CPU: {v['cpu']}. {len(PROMPTS)} chat prompts x {v['max_tokens']} new tokens (EOS ignored), "
-                  f"temperature {TEMPERATURE}, gamma {GAMMA}. Batch 1: one request at a time; batch 8: 8 at once.",
-                  "", "| contender | batch | tokens | seconds | tokens/s | vs vLLM target only | mean accepted per "
-                  "step | s per verify step | step vs vLLM's sampler |", "|---|---|---|---|---|---|---|---|---|"]
+                  f"temperature {TEMPERATURE}, gamma {GAMMA}, bf16 in vLLM. Batch 1: one request at a time; batch 8: "
+                  "8 at once. `verispec serve`: llama.cpp target and llama.cpp draft, lossless, gamma 4, over HTTP "
+                  "with the openai client (8 client threads at batch 8; it stops at EOS, so it generates fewer "
+                  "tokens). llama.cpp alone: llama-cpp-python on the target's GGUF, no batching (batch 8: one after "
+                  "another). Speculative vLLM contenders alternated in one engine, 2 repeats. Engine steps and the "
+                  "seconds spent in vLLM's rejection sampler or in the plug-in are counted inside vLLM's worker "
+                  "(`VERISPEC_VLLM_STATS`); accepted per request step from vLLM's per-request metrics.", "",
+                  "| contender | batch | tokens | seconds | tokens/s | vs vLLM target only | accepted per request "
+                  "step | engine steps | s per engine step | sampling s per step (vLLM's / plug-in's) | plug-in adds, "
+                  "share of vLLM's step |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, r in rows.items():
             name, b = key.rsplit("/b", 1)
             base = rows.get(f"vllm target only/b{b}")
             own = rows.get(f"vllm speculative (its sampler)/b{b}")
             tps = r["tokens"] / r["seconds"]
             rel = f"{tps / (base['tokens'] / base['seconds']):.2f}x" if base else ""
-            steps = r.get("steps", 0)
-            per_step = r["seconds"] / steps if steps else None
-            own_step = own["seconds"] / own["steps"] if own and own.get("steps") else None
-            lines.append(f"| {name} | {b} | {r['tokens']} | {r['seconds']:.1f} | {tps:.2f} | {rel} | "
-                         f"{r['accepted'] / steps if steps else '':{'.2f' if steps else ''}} | "
-                         f"{f'{per_step:.3f}' if per_step else ''} | "
-                         f"{f'{per_step / own_step:.3f}' if per_step and own_step else ''} |")
+            steps, es = r.get("steps", 0), r.get("engine_steps", 0)
+            acc = f"{r['accepted'] / steps:.2f}" if steps else ""
+            per = f"{r['seconds'] / es:.3f}" if es else ""
+            sampling = (f"{r['vllm_sampler_s'] / es:.4f} / {r['verispec_s'] / es:.4f}" if es else "")
+            added = ""
+            if es and own and own.get("engine_steps") and r["verispec_s"]:
+                own_step = own["seconds"] / own["engine_steps"]
+                own_sampler = own["vllm_sampler_s"] / own["engine_steps"]
+                added = f"{((r['vllm_sampler_s'] + r['verispec_s']) / es - own_sampler) / own_step:+.1%}"
+            lines.append(f"| {name} | {b} | {r['tokens']} | {r['seconds']:.1f} | {tps:.2f} | {rel} | {acc} | "
+                         f"{es or ''} | {per} | {sampling} | {added} |")
+        lines.append("")
+    u = parts.get("unplugged")
+    if u:
+        lines += ["## vLLM-cpu's own speculative sampling, the plug-in not loaded", "",
+                  f"`VLLM_PLUGINS=none`, gamma {u['gamma']}, the first {4} prompts, {u['max_tokens']} tokens each:",
+                  "", "| temperature | request steps | accepted drafts | accepted per step | start of the first "
+                  "output |", "|---|---|---|---|---|"]
+        for r in u["rows"]:
+            text = r["text"][:120].replace("\n", " ").replace("|", "/")
+            lines.append(f"| {r['temperature']} | {r['steps']} | {r['accepted']} | "
+                         f"{r['accepted'] / r['steps']:.2f} | {text!r} |")
+        lines.append("")
+    g = parts.get("vllm", {}).get("greedy")
+    if g:
+        diffs = [r for r in g["rows"] if not r["plugin_equal"]]
+        lines += ["## Greedy: the plug-in's lossless decode against the target alone", "",
+                  f"The {g['prompts']} held-out chat prompts above, {parts['vllm']['max_tokens']} tokens each at "
+                  "temperature 0 (EOS ignored), one batch: vLLM with the plug-in's lossless rule (gamma "
+                  f"{GAMMA}) equals vLLM's target alone without speculation on {g['plugin_equal']} of {g['prompts']}; "
+                  f"vLLM's own speculative decode does on {g['own_equal']}; the plug-in equals vLLM's own speculative "
+                  f"decode on {g['plugin_equals_own']}."]
+        if diffs:
+            lines.append("")
+            lines.append("Where they part, the target's own top-two log-probabilities (without speculation) at that "
+                         "position are this close: " + ", ".join(
+                             f"token {r['plugin_first_diff']}: {r['gap_at_plugin_diff']:.3g}" if r['gap_at_plugin_diff']
+                             is not None else f"token {r['plugin_first_diff']}" for r in diffs)
+                         + " (bf16 kernels score gamma + 1 positions in one forward differently from one at a time; "
+                         "a near-tie flips).")
         lines.append("")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", choices=["certify", "vllm", "local", "report"])
+    ap.add_argument("part", choices=["certify", "vllm", "unplugged", "local", "report"])
     ap.add_argument("--out", default=None, help="JSON output (certify, vllm, local)")
     ap.add_argument("--md", default=None, help="markdown output (report)")
     ap.add_argument("--n", type=int, default=600, help="continuations per rule (certify)")
@@ -341,7 +463,7 @@ def main() -> None:
         if args.md:
             Path(args.md).write_text(text)
         return
-    res = {"certify": run_certify, "vllm": run_vllm, "local": run_local}[args.part](args)
+    res = {"certify": run_certify, "vllm": run_vllm, "unplugged": run_unplugged, "local": run_local}[args.part](args)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 
