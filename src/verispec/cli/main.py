@@ -550,11 +550,14 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
               help="Longest prompt accepted (default: what the context holds); longer gets 400.")
 @click.option("--max-tokens-limit", default=4096, show_default=True, type=click.IntRange(min=1),
               help="Largest max_tokens a request may ask for (400 beyond); also the chat default.")
+@click.option("--deterministic", is_flag=True,
+              help="Every request on model backends of its own: its tokens and log-probabilities do not depend on "
+                   "what ran before or beside it (on llama.cpp, reused prefixes otherwise move log-likelihoods).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(host: str, port: int, target: str | None, draft: str | None, drafter: str, target_backend: str, dtype: str,
           threads: int | None, draft_p_min: float, served_model_name: str | None, max_batch: int, max_concurrency: int,
-          max_prompt_tokens: int | None, max_tokens_limit: int, log_level: str) -> None:
+          max_prompt_tokens: int | None, max_tokens_limit: int, deterministic: bool, log_level: str) -> None:
     """OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streamed or not), /v1/models,
     /health, /metrics. Per request: extra_body {"verification": {"rule": ..., "params": {...}},
     "speculative": {"gamma": N}}."""
@@ -572,7 +575,8 @@ def serve(host: str, port: int, target: str | None, draft: str | None, drafter: 
     try:
         target_backend, drafter = resolve_backends(target_backend, drafter)
         engine = load_engine(target, (draft or models.DEFAULT_DRAFT) if DRAFTERS[drafter].uses_draft_model else None,
-                             drafter, dtype, threads, target_backend=target_backend, draft_p_min=draft_p_min)
+                             drafter, dtype, threads, target_backend=target_backend, draft_p_min=draft_p_min,
+                             deterministic=deterministic)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     name = served_model_name or os.path.basename(os.path.normpath(os.fspath(target)))
