@@ -9,9 +9,9 @@ output is ``[B, max_spec_len + 1]`` int32: the accepted prefix, then one correct
 
 Each request's block goes through :func:`verispec.core.verify.verify_block` (sampled) or
 :func:`~verispec.core.verify.verify_greedy_rule` (temperature 0), the same routines verispec's own engine uses;
-requests with the same rule and draft length are verified in one batched call on a GPU (row by row on a CPU, where
-that is faster). A seeded request uses its own generator; the others draw from torch's default generator, as vLLM
-does.
+requests with the same rule and draft length are verified in one batched call (row by row on a CPU with a large
+vocabulary, where that is faster). A seeded request uses its own generator; the others draw from torch's default
+generator, as vLLM does.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ __all__ = ["PLACEHOLDER", "verify_requests"]
 
 #: vLLM's placeholder for the positions after a request's last output token
 PLACEHOLDER = -1
+#: from this vocabulary size on, a CPU verifies requests row by row (see verify_requests)
+ROW_BY_ROW_VOCAB = 32768
 
 
 def _rule_key(rule: Rule) -> object:
@@ -69,9 +71,9 @@ def verify_requests(
         raise ValueError(f"{draft_token_ids.shape[0]} drafted ids and {target_probs.shape[0]} target rows for "
                          f"{starts[-1]} drafted tokens")
     generators = generators or {}
-    # On a CPU, rows one at a time: float64 blocks of several rows over a large vocabulary outgrow the cache (8 rows
-    # of gamma 4 over 151,936 tokens: 205 ms in one call, 81 ms row by row, 2-core Zen 4).
-    alone = target_probs.device.type == "cpu"
+    # On a CPU with a large vocabulary, rows one at a time: float64 blocks of several rows outgrow the cache (8 rows
+    # of gamma 4 over 151,936 tokens: 205 ms in one call, 81 ms row by row, 2-core Zen 4); small ones batch.
+    alone = target_probs.device.type == "cpu" and target_probs.shape[-1] >= ROW_BY_ROW_VOCAB
     groups: dict[tuple, list[int]] = {}
     for i, rule in enumerate(rules):
         if rule is not None:
