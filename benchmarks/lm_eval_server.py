@@ -4,8 +4,9 @@ lm-eval (its ``local-completions`` model: token-id prompts, ``echo`` with ``logp
 for generations) runs in a virtual environment of its own (``bash scripts/install_lmeval.sh`` makes
 ``.venv-lmeval``: lm-eval needs a newer huggingface_hub than the project's transformers pin allows) against
 verispec's OpenAI server, serving the default pair in this process as ``verispec serve --deterministic`` does
-(each request on model backends of its own; ``--shared-backends`` measures without it). Two tasks defined over local data files (the
-dataset hub is not reachable; the data are the installed GSM8K test questions, written as JSON lines):
+(each request on model backends of its own; ``--shared-backends`` measures without it). Two tasks defined over
+local data files (the dataset hub is not reachable; the data are the installed GSM8K test questions, written as
+JSON lines):
 
 - ``vs_gsm_loglik`` (log-likelihood): the reference solution as the continuation of "Question: ...\\nAnswer:";
   metrics ``perplexity`` and ``acc`` (the continuation is the greedy one).

@@ -5,10 +5,7 @@
 #   bash scripts/install_lmeval.sh && python benchmarks/lm_eval_server.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 VENV=${LMEVAL_VENV:-.venv-lmeval}
-[ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
-V="$VENV/bin/python"
-$V -m pip install --disable-pip-version-check -q --upgrade pip
+source scripts/venv.sh
 $V -m pip install --disable-pip-version-check -q "lm-eval[api]==0.4.13" "transformers>=4.57,<5.21"
 $V -c "import lm_eval, transformers; print('lm-eval', lm_eval.__version__, 'transformers', transformers.__version__)"

