@@ -44,6 +44,8 @@ GAMMA = 4
 #: lm-eval's GSM8K "flexible-extract": the last number in the output
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 UNTIL = ["\n\n", "Question:"]
+#: what exact_match ignores (lm-eval's GSM8K task options)
+IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]
 
 
 def question(problem) -> str:
@@ -71,7 +73,7 @@ def write_tasks(root: Path, problems: list, max_gen_toks: int) -> None:
         "filter_list:\n  - name: flexible-extract\n    filter:\n      - function: regex\n        group_select: -1\n"
         f"        regex_pattern: {json.dumps(NUMBER.pattern)}\n      - function: take_first\n"
         "metric_list:\n  - metric: exact_match\n    ignore_case: true\n    ignore_punctuation: false\n"
-        '    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]\n')
+        f"    regexes_to_ignore: {json.dumps(IGNORE)}\n")
 
 
 def run_lm_eval(url: str, model: str, tokenizer_dir: str, root: Path) -> dict[str, list[dict]]:
@@ -106,7 +108,7 @@ def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[i
 
 def exact_match(pred: str, target: str) -> float:
     """lm-eval's exact_match with this task's options (ignore case, the regexes above removed)."""
-    for r in [",", "\\$", "(?s).*#### ", "\\.$"]:
+    for r in IGNORE:
         pred, target = re.sub(r, "", pred), re.sub(r, "", target)
     return float(pred.lower().strip() == target.lower().strip())
 

@@ -162,14 +162,20 @@ def _vllm_contender(llm, prompts: list[list[int]], verification: dict | None, ba
     seconds = time.perf_counter() - t0
     after = _step_stats()
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    steps, accepted = _spec_counts(outs)
+    return {"seconds": seconds, "tokens": tokens, "steps": steps, "accepted": accepted,
+            **{k: after[k] - before[k] for k in after}}
+
+
+def _spec_counts(outs) -> tuple[int, int]:
+    """(request steps, accepted drafts) summed from vLLM's per-request spec-decode metrics (0, 0 without them)."""
     steps = accepted = 0
     for o in outs:
         m = getattr(o.outputs[0], "spec_decode_metrics", None)
         if m is not None:
             steps += sum(m.histogram)
             accepted += sum(j * c for j, c in enumerate(m.histogram))
-    return {"seconds": seconds, "tokens": tokens, "steps": steps, "accepted": accepted,
-            **{k: after[k] - before[k] for k in after}}
+    return steps, accepted
 
 
 def _step_stats() -> dict:
@@ -274,8 +280,7 @@ def run_unplugged(args: argparse.Namespace) -> dict:
         res = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            [SamplingParams(temperature=temp, seed=i, max_tokens=args.max_tokens, ignore_eos=True)
                             for i in range(len(prompts))], use_tqdm=False)
-        steps = sum(sum(o.outputs[0].spec_decode_metrics.histogram) for o in res)
-        accepted = sum(sum(j * c for j, c in enumerate(o.outputs[0].spec_decode_metrics.histogram)) for o in res)
+        steps, accepted = _spec_counts(res)
         out["rows"].append({"temperature": temp, "steps": steps, "accepted": accepted,
                             "tokens": sum(len(o.outputs[0].token_ids) for o in res),
                             "text": tok.decode(res[0].outputs[0].token_ids)})

@@ -124,6 +124,11 @@ def exact_law(rule: _rules.Rule, p_fn: Any, q_fn: Any, prompt: list[int], gamma:
     return sequence_distribution(rule, p_fn, q_fn, gamma, length, tuple(prompt), draft_length=draft_length)
 
 
+def rule_of_verification(verification: dict | None) -> _rules.Rule:
+    """The rule a ``verification`` object asks for; None (vLLM's own sampler) is certified against lossless."""
+    return _rules.from_request(verification) if verification is not None else _rules.get("lossless")
+
+
 def alternative(rule: _rules.Rule) -> str:
     """The rule whose law a certificate of ``rule`` must be able to reject: lossless for a lossy rule (the plug-in
     not applied), naive resampling for lossless."""
@@ -140,7 +145,7 @@ def prepare_laws(target: Any, draft: Any, prompt: list[int], verifications: list
     p_fn, q_fn = model_dist_fn(target, cfg, ties=ties), model_dist_fn(draft, cfg, one_hot=True, ties=ties)
     try:
         for v in verifications:
-            rule = _rules.from_request(v) if v is not None else _rules.get("lossless")
+            rule = rule_of_verification(v)
             law = exact_law(rule, p_fn, q_fn, prompt, gamma, length)
             if n is not None:
                 check_ties(law, ties, prompt, n)
@@ -204,7 +209,7 @@ def certify(llm: Any, p_fn: Any, q_fn: Any, prompt: list[int], verification: dic
     plug-in not applied); lossless's is naive resampling. A sampled zero-probability continuation fails the
     certificate (``impossible``), whatever the statistic; a near-tie recorded in ``ties`` (by the distribution
     functions) that matters raises :class:`NearTie` before anything is sampled."""
-    rule = _rules.from_request(verification) if verification is not None else _rules.get("lossless")
+    rule = rule_of_verification(verification)
     law = exact_law(rule, p_fn, q_fn, prompt, gamma, length)
     check_ties(law, ties or {}, prompt, n)
     alt_name = alternative(rule)

@@ -139,12 +139,11 @@ class _StepStats:
     def __init__(self) -> None:
         base = os.environ.get("VERISPEC_VLLM_STATS")
         self.path = f"{base}.{os.getpid()}" if base else None
-        self.totals = {"steps": 0, "vllm_sampler_s": 0.0, "verispec_s": 0.0, "verispec_steps": 0}
+        self.totals = {"steps": 0, "vllm_sampler_s": 0.0, "verispec_s": 0.0}
 
-    def add(self, vllm_s: float, verispec_s: float, with_rule: bool) -> None:
+    def add(self, vllm_s: float, verispec_s: float) -> None:
         t = self.totals
         t["steps"] += 1
-        t["verispec_steps"] += int(with_rule)
         t["vllm_sampler_s"] += vllm_s
         t["verispec_s"] += verispec_s
         with open(self.path, "w") as f:  # type: ignore[arg-type]
@@ -170,7 +169,7 @@ def _patch_rejection_sampler() -> None:
         if not found or len(found) != len(metadata.num_draft_tokens):
             out = original(self, metadata, draft_probs, logits, sampling_metadata)
             if stats.path:
-                stats.add(clock() - t0, 0.0, False)
+                stats.add(clock() - t0, 0.0)
             return out
         if all(r is not None for r in found):
             # every row is the plug-in's: vLLM's own sampler need not run (no logprobs: refused with a rule)
@@ -202,7 +201,7 @@ def _patch_rejection_sampler() -> None:
                 own = original(self, metadata, draft_probs, kept, sampling_metadata)
             return own
         if stats.path:
-            stats.add(t1 - t0, clock() - t1, True)
+            stats.add(t1 - t0, clock() - t1)
         return own if own is not None else _sampler_output(tokens)
 
     rs.RejectionSampler.forward = forward  # type: ignore[method-assign]
