@@ -45,6 +45,7 @@ from verispec.server.protocol import (
     prompt_builder,
 )
 from verispec.server.responses import LogprobFormatter, Reply, sse, verispec_block
+from verispec.server.tools import split_tool_calls
 from verispec.server.worker import Job, Worker
 
 __all__ = ["Generation", "ServerState", "create_app"]
@@ -210,6 +211,11 @@ class _EventStream(StreamingResponse):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             except Exception:  # already closed by the exception that ended the stream
                 pass
+
+
+def _finish(result: GenerationResult, calls: list[dict[str, Any]]) -> str:
+    """A chat answer's finish reason: ``tool_calls`` when it ended by itself with calls."""
+    return "tool_calls" if calls and result.finish_reason == "stop" else result.finish_reason
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -395,7 +401,11 @@ def create_app(
                 raise err
             result: GenerationResult = handle.result  # type: ignore[assignment]
             results.append(result)
-            bodies.append(reply.choice(index, gen.echo_text + result.text, result.finish_reason, event[3]))
+            if settings.tools is not None:
+                content, calls = split_tool_calls(result.text, settings.tools.names)
+                bodies.append(reply.choice(index, content, _finish(result, calls), event[3], calls))
+            else:
+                bodies.append(reply.choice(index, gen.echo_text + result.text, result.finish_reason, event[3]))
         return JSONResponse(reply.full(bodies, results, _block(settings, results)))
 
     async def _stream(choices: list[tuple[Generation, Job]], reply: Reply, settings: Settings
@@ -410,6 +420,7 @@ def create_app(
                     return
 
         tasks = [asyncio.create_task(pump(i, gen)) for i, (gen, _job) in enumerate(choices)]
+        held: dict[int, list[dict[str, Any]]] = {}  # with tools: each choice's logprobs, sent with its whole answer
         try:
             if reply.chat:
                 for i in range(len(choices)):
@@ -418,6 +429,9 @@ def create_app(
             last: dict[str, Any] | None = None  # the last finish chunk, held to carry the verispec block
             while any(r is None for r in results):
                 index, event = await merged.get()
+                if event[0] == "text" and settings.tools is not None:
+                    held.setdefault(index, []).extend((event[2] or {}).get("content") or [])
+                    continue
                 if event[0] == "text":
                     yield sse(reply.chunk(text=event[1], logprobs=event[2], index=index))
                     continue
@@ -428,7 +442,7 @@ def create_app(
                 if event[0] != "done":
                     continue
                 handle, tail, logprobs = event[1], event[2], event[3]
-                if tail or logprobs:
+                if settings.tools is None and (tail or logprobs):
                     yield sse(reply.chunk(text=tail, logprobs=logprobs, index=index))
                 if (err := _failure(handle)) is not None:
                     yield sse(err.body())
@@ -437,7 +451,17 @@ def create_app(
                 results[index] = handle.result
                 if last is not None:
                     yield sse(last)
-                last = reply.chunk(finish_reason=handle.result.finish_reason, index=index)
+                finish = handle.result.finish_reason
+                if settings.tools is not None:  # the whole answer: its text, then its calls
+                    content, calls = split_tool_calls(handle.result.text, settings.tools.names)
+                    entries = held.pop(index, []) + ((logprobs or {}).get("content") or [])
+                    if content:
+                        yield sse(reply.chunk(text=content, logprobs={"content": entries} if entries else None,
+                                              index=index))
+                    if calls:
+                        yield sse(reply.chunk(tool_calls=calls, index=index))
+                    finish = _finish(handle.result, calls)
+                last = reply.chunk(finish_reason=finish, index=index)
             done = [r for r in results if r is not None]
             block = _block(settings, done)
             if settings.include_usage:

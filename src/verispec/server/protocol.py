@@ -10,11 +10,13 @@ rows of the batch, choice i sampled with seed + i), ``stream``, ``stream_options
 extensions ``top_k``, ``min_p``, ``repetition_penalty``; and verispec's own ``verification`` (``{"rule": NAME,
 "params": {...}, "verifier": "token" | "block", "logprobs_mode": "emitted" | "target", "budget": {"tv": eps,
 "tv_total": B}}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the official client sends through
-``extra_body``. ``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and
-ignored. Fields that would change what is generated or returned (``tools``, ``best_of`` > 1, chat ``echo``, ...) are
-refused with 400 naming the field, as is any field this server does not know. ``response_format``: ``text``,
-``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar`` (Lark), a constraint on target and
-draft alike (:mod:`verispec.runtime.grammar`).
+``extra_body``. Chat: ``tools`` and ``tool_choice`` (function tools through the model's chat template, forced calls
+constrained to their schemas; :mod:`verispec.server.tools`) and the ``tool`` / assistant ``tool_calls`` messages of a
+tool conversation. ``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and
+ignored. Fields that would change what is generated or returned (``best_of`` > 1, chat ``echo``, legacy
+``functions``, ...) are refused with 400 naming the field, as is any field this server does not know.
+``response_format``: ``text``, ``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar`` (Lark),
+a constraint on target and draft alike (:mod:`verispec.runtime.grammar`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, MAX_TOP_LOG
 from verispec.runtime.engine import Engine
 from verispec.runtime.grammar import check_response_format
 from verispec.runtime.types import Request
+from verispec.server.tools import ToolCalling, ToolError, parse_tool_calling, template_messages
 
 __all__ = [
     "MAX_CHOICES",
@@ -159,6 +162,9 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    #: function tools (:mod:`verispec.server.tools`), checked there so that errors name the field
+    tools: list[Any] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
 
 
 def _param(loc: tuple) -> str:
@@ -187,6 +193,8 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
     for name, ok in UNSUPPORTED.items():
         if name == "echo" and model is CompletionRequest:
             continue  # completions echo the prompt (and score it with logprobs)
+        if name in ("tools", "tool_choice") and model is ChatCompletionRequest:
+            continue  # chat calls tools
         if name in data and not ok(data[name]):
             raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_field")
         data.pop(name, None)
@@ -233,6 +241,8 @@ class Settings:
     n: int = 1
     response_format: dict[str, Any] | None = None
     budget: Budget | None = None
+    #: the tools a chat request may call (None: none)
+    tools: ToolCalling | None = None
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -279,9 +289,19 @@ class Settings:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        fmt = _response_format(req.response_format)
+        tools = None
+        if isinstance(req, ChatCompletionRequest):
+            try:
+                tools = parse_tool_calling(req.tools, req.tool_choice)
+            except ToolError as exc:
+                raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
+            if tools is not None and tools.forced and fmt is not None:
+                raise APIError(400, "response_format cannot constrain an answer that tool_choice forces to be a "
+                               "tool call", param="response_format", code="invalid_value")
         return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
-                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1,
-                   _response_format(req.response_format), budget)
+                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1, fmt, budget,
+                   tools)
 
 
 def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -315,17 +335,18 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     return out
 
 
-def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """Text-only messages for the chat template (system, developer, user, assistant)."""
-    out = []
+def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for the chat template: text (system, developer, user, assistant), an assistant's ``tool_calls``
+    and ``tool`` results."""
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, got {role!r}",
-                           param=f"messages[{i}].role", code="invalid_value")
-        if m.get("tool_calls") or m.get("function_call"):
-            raise APIError(400, f"messages[{i}]: tool calls are not supported by this server",
-                           param=f"messages[{i}].tool_calls", code="unsupported_field")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, got "
+                           f"{role!r}", param=f"messages[{i}].role", code="invalid_value")
+        if m.get("function_call"):
+            raise APIError(400, f"messages[{i}].function_call: legacy function calls are not supported; use "
+                           "tool_calls", param=f"messages[{i}].function_call", code="unsupported_field")
         if content is None and role == "assistant":
             content = ""
         if isinstance(content, list):
@@ -337,16 +358,32 @@ def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
                            param=f"messages[{i}].content", code="invalid_value")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    return out
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        if role == "tool" and m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    try:
+        return template_messages(out)
+    except ToolError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
 
 
-def _encode_chat(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
+def _encode_chat(engine: Engine, messages: list[dict[str, Any]], tools: ToolCalling | None = None) -> list[int]:
     tok = engine.tokenizer
     if tok is None or not hasattr(tok, "apply_chat_template"):
         raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
     try:
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if tools is not None:
+            ids = tok.apply_chat_template(messages, tools=list(tools.tools), add_generation_prompt=True,
+                                          tokenize=True)
+        else:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except TypeError as exc:
+        if tools is None:
+            raise
+        raise APIError(400, f"tools: this model's chat template takes no tools ({exc})", param="tools") from None
     except Exception as exc:  # jinja errors of the template (e.g. roles that must alternate)
         raise APIError(400, f"messages: the chat template refused them: {exc}", param="messages") from None
     if hasattr(ids, "keys"):  # a BatchEncoding from tokenizers that return dicts
@@ -371,7 +408,7 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
 
     def build(engine: Engine) -> Request:
         if messages is not None:
-            ids = _encode_chat(engine, messages)
+            ids = _encode_chat(engine, messages, settings.tools)
         else:
             try:
                 ids = engine.encode(prompt)  # type: ignore[arg-type]
@@ -387,11 +424,15 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             settings.sampling.check_vocab(vocab)
         except ValueError as exc:
             raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
-        if settings.response_format is not None:
+        fmt, fmt_param = settings.response_format, "response_format"
+        if settings.tools is not None and settings.tools.forced:
+            fmt, fmt_param = settings.tools.response_format(), "tools"
+        if fmt is not None:
             try:
-                engine.grammar.grammar(settings.response_format)
+                engine.grammar.grammar(fmt)
             except (ValueError, ImportError) as exc:
-                raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+                msg = str(exc).replace("response_format", "tools' parameters") if fmt_param == "tools" else str(exc)
+                raise APIError(400, msg, param=fmt_param, code="invalid_value") from None
         if engine.proposes_trees:
             try:
                 check_tree_rule(settings.rule)
@@ -421,6 +462,7 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
                        max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier,
                        logprobs=settings.logprobs, logprobs_mode=settings.logprobs_mode,
                        prompt_logprobs=settings.logprobs if settings.echo else None,
-                       response_format=settings.response_format, budget=settings.budget)
+                       response_format=fmt, budget=settings.budget)
 
     return build
+

@@ -104,12 +104,14 @@ class Reply:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def choice(self, index: int, text: str, finish_reason: str, logprobs: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
-        """One choice of a non-streamed response."""
+    def choice(self, index: int, text: str | None, finish_reason: str, logprobs: dict[str, Any] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One choice of a non-streamed response (chat: with the tool calls read from the answer, if any)."""
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def full(self, choices: list[dict[str, Any]], results: Sequence[GenerationResult], block: dict[str, Any]
@@ -119,13 +121,16 @@ class Reply:
         return {**body, "choices": choices, "usage": usage(results), "verispec": block}
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
-              logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
-        """A stream chunk of choice ``index``: a text delta (with its tokens' logprobs), the opening role (chat)
-        or the finish reason."""
+              logprobs: dict[str, Any] | None = None, index: int = 0,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A stream chunk of choice ``index``: a text delta (with its tokens' logprobs), the opening role (chat),
+        tool calls (chat; each with its ``index`` among the choice's calls) or the finish reason."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(tool_calls)]
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
