@@ -66,13 +66,22 @@ def reset_caches(engine: Engine) -> None:
             b.reset()
 
 
+def probe_spent(engine: Engine) -> float:
+    """Seconds the drafter's single-row schedules (model drafts, and look-ups for the hybrid) have spent on probes
+    beyond the plain rounds they replaced, so far (cumulative: a run's share is the difference)."""
+    d = engine.drafter
+    return sum(sched.probe_spent_s for costs in (getattr(d, "_costs", {}), getattr(d, "_lookup_costs", {}))
+               if (sched := costs.get(1)) is not None)
+
+
 def contender(engine: Engine, gamma: int | str | None) -> Callable[[list[int], SamplingConfig, int], dict]:
     def fn(ids: list[int], cfg: SamplingConfig, seed: int) -> dict:
         reset_caches(engine)
+        spent = probe_spent(engine)
         res = engine.generate(ids, sampling=cfg, gamma=gamma, max_new_tokens=ARGS.max_new_tokens, seed=seed)
         m = res.metrics
         return {"tokens": len(res.token_ids), "seconds": m.total_s, "accepted": m.accepted, "drafted": m.drafted,
-                "gammas": dict(m.gamma_counts), "ids": res.token_ids}
+                "gammas": dict(m.gamma_counts), "ids": res.token_ids, "probe_s": probe_spent(engine) - spent}
 
     return fn
 
@@ -155,6 +164,8 @@ def main() -> None:
         report["earlier_runs"] = old.get("earlier_runs", []) + [{k: old.get(k) for k in ("config", "cpu",
                                                                                          "loadavg_start")}]
     for backend, cons in backends(th).items():
+        if ARGS.contenders:  # a subset (the anchor always runs: every ratio is to it)
+            cons = {k: v for k, v in cons.items() if k == "target-only" or k in ARGS.contenders}
         cells = [(s, m) for s in sets for m in modes if not ARGS.only or f"{backend} / {s} / {m}" in ARGS.only]
         if not cells:
             continue
@@ -197,15 +208,16 @@ def render(report: dict) -> str:
         out += [f"### {key}{run}", "",
                 "| contender | tok/s (median) | vs target-only (median, min) | "
                 + ("vs both target-only runs (median) | " if both else "")
-                + "acceptance | rounds per gamma | greedy = target-only |",
-                "|---|---|---|" + ("---|" if both else "") + "---|---|---|"]
+                + "acceptance | rounds per gamma | probes' share of the time | greedy = target-only |",
+                "|---|---|---|" + ("---|" if both else "") + "---|---|---|---|"]
         for name, r in rows.items():
             same = r["greedy_same_as_target_only"]
             acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
             gam = ", ".join(f"{g}: {n}" for g, n in r["gamma_counts"].items()) or "-"
             extra = f"{r['vs_both_target_only_median']:.2f}x | " if both else ""
+            share = "-" if r.get("probe_share") is None else f"{100 * r['probe_share']:.1f}%"
             out.append(f"| {name} | {r['tokens_per_s_median']:.2f} | {r['vs_target_only_median']:.2f}x, "
-                       f"{r['vs_target_only_min']:.2f}x | {extra}{acc} | {gam} | "
+                       f"{r['vs_target_only_min']:.2f}x | {extra}{acc} | {gam} | {share} | "
                        f"{'-' if same is None else f'{sum(same)}/{len(same)}'} |")
         out.append("")
     return "\n".join(out)
@@ -215,6 +227,10 @@ def write(report: dict) -> None:
     os.makedirs(os.path.dirname(ARGS.out) or ".", exist_ok=True)
     with open(ARGS.out, "w") as f:
         json.dump(report, f, indent=1)
+
+
+def gamma_auto(name: str) -> bool:
+    return name.endswith("-auto") or name.endswith("-auto-pmin")
 
 
 def table(key: str, runs: dict[str, list[dict]], cfg: SamplingConfig) -> dict:
@@ -237,6 +253,9 @@ def table(key: str, runs: dict[str, list[dict]], cfg: SamplingConfig) -> dict:
                 (r["tokens"] / r["seconds"]) / ((a["tokens"] / a["seconds"] + b["tokens"] / b["seconds"]) / 2)
                 for r, a, b in zip(rs, anchor, again, strict=True)),
             "runs": [{"tokens": r["tokens"], "seconds": r["seconds"]} for r in rs],
+            # what the schedule's probes cost beyond the plain rounds they replaced, as a share of the time
+            "probe_share": (sum(r.get("probe_s", 0.0) for r in rs) / sum(r["seconds"] for r in rs)
+                            if gamma_auto(name) else None),
             "acceptance": sum(r["accepted"] for r in rs) / drafted if drafted else None,
             "gamma_counts": dict(sorted(gammas.items())),
             "greedy_same_as_target_only": ([r["ids"] == a["ids"] for r, a in zip(rs, anchor, strict=True)]
@@ -267,6 +286,8 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every cell)")
     ap.add_argument("--only", nargs="+", default=None, metavar="CELL",
                     help='rerun only these cells ("<backend> / <set> / <mode>"), keeping the others in --out')
+    ap.add_argument("--contenders", nargs="+", default=None, metavar="NAME",
+                    help="run only these contenders (and target-only, the anchor), e.g. model-auto llamacpp-alone")
     ap.add_argument("--render", default=None, metavar="JSON", help="print a results file's tables as markdown")
     ARGS = ap.parse_args()
     if ARGS.render:

@@ -165,6 +165,7 @@ class AdaptiveGamma:
         self.overhead = overhead
         self.budget_s = 0.0  # seconds of probing earned by plain rounds (overhead x their seconds), not yet spent
         self.probe_cost_s: float | None = None  # what the last probe cost beyond a plain round
+        self.probe_spent_s = 0.0  # what every probe so far cost beyond a plain round (its draft + longer block)
         self._probing = False
         self.updates = 0
         self.probes = 0
@@ -195,7 +196,8 @@ class AdaptiveGamma:
         return {"alpha": self.alpha, "c_draft_s": self.c_draft, "c_target_s": self.c_target,
                 "block_s": dict(sorted(self.block_s.items())), "best": self.best(), "probes": self.probes,
                 "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned",
-                "probe_cost_s": self.probe_cost_s, "probe_budget_s": self.budget_s}
+                "probe_cost_s": self.probe_cost_s, "probe_spent_s": self.probe_spent_s,
+                "probe_budget_s": self.budget_s}
 
     def best(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
         """The gamma maximising expected tokens per second under the current estimates (no probing); ``alphas``:
@@ -286,5 +288,6 @@ class AdaptiveGamma:
         elif self._probing:  # what probing cost beyond the plain round it replaced
             extra = draft_s + max(target_s - (plain if plain is not None else target_s), 0.0)
             self.probe_cost_s = extra
+            self.probe_spent_s += extra
             self.budget_s = max(self.budget_s - extra, 0.0)
         self._probing = False
