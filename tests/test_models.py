@@ -159,6 +159,31 @@ def test_resolve_half_written_dir_is_not_installed() -> None:
     assert models.resolve(models.DEFAULT_DRAFT) == d
 
 
+def test_install_without_weights_converts_them_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The llama.cpp path's install (tokenizer and config, no weights) counts as installed, has no weights, and
+    ``ensure_weights`` (what ``load_model`` calls) converts them in the installed dtype, once."""
+    d = models.converted_dir(models.DEFAULT_DRAFT)
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / models.MARKER_NAME).write_text(json.dumps({"dtype": "float32", "weights": False}))
+    assert models.is_installed(models.DEFAULT_DRAFT) and not models.has_weights(models.DEFAULT_DRAFT)
+    calls = []
+
+    def fake_convert(name, dtype="bfloat16", progress=None, force=False, weights=True):
+        calls.append((name, dtype, weights))
+        (d / models.MARKER_NAME).write_text(json.dumps({"dtype": dtype, "weights": weights}))
+        return d
+
+    monkeypatch.setattr(models, "convert", fake_convert)
+    assert models.ensure_weights(models.DEFAULT_DRAFT) == d
+    assert calls == [(models.DEFAULT_DRAFT, "float32", True)]
+    assert models.has_weights(models.DEFAULT_DRAFT)
+    models.ensure_weights(models.DEFAULT_DRAFT)
+    assert len(calls) == 1  # converted once
+    (d / models.MARKER_NAME).write_text(json.dumps({"dtype": "bfloat16"}))  # installs before the flag: weights
+    assert models.has_weights(models.DEFAULT_DRAFT)
+
+
 def test_resolve_local_dir(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")

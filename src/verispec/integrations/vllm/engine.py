@@ -120,5 +120,5 @@ def from_sweep_config(cfg: Any) -> VLLMEngine:
     from verispec import models
 
     check_sweep(cfg)
-    return VLLMEngine(str(models.converted_dir(cfg.target)),
-                      str(models.converted_dir(cfg.draft)) if cfg.uses_draft else None, cfg.gamma, cfg.dtype)
+    return VLLMEngine(str(models.ensure_weights(cfg.target)),
+                      str(models.ensure_weights(cfg.draft)) if cfg.uses_draft else None, cfg.gamma, cfg.dtype)
