@@ -507,3 +507,39 @@ def test_hybrid_prices_lookups_and_model_drafts_apart():
     assert chosen["model"][-50:].count(0) >= 48
     summary = d.schedule_summary(1)
     assert summary["lookup"]["alpha"] > 0.9 and summary["alpha"] < 0.7 and summary["best"] == 0  # model: probed, lost
+
+
+def test_a_probe_is_priced_by_what_the_draft_must_take_in():
+    """A draft model that sat out catches up on every token since it last ran before it drafts, so a probe's cost
+    grows with that catch-up (the whole prompt for a new request). Here taking in a token costs half a plain step
+    and drafting never pays; rounds with a catch-up of 10 and of 400 tokens mix (seeded). The schedule prices a
+    probe by the last one's cost per token taken in: over 20000 rounds the probes stay within 3% of the time and
+    still run about every probe_max rounds (alpha stays measured); once a cheap probe has been measured, a round
+    that would catch up 400 tokens does not probe where one catching up 10 does."""
+    import random
+
+    rng = random.Random(0)
+    s = AdaptiveGamma(gamma_max=8)
+    step, spent, plain_s = 0.04, 0.0, 0.0
+    s.update(drafted=2, accepted=0, draft_s=0.8, target_s=0.06)  # the first round (prefill): times not used
+    for _ in range(20000):
+        s.catch_up = rng.choice([10, 10, 10, 400])
+        probes = s.probes
+        g = s.choose()
+        draft_s = 0.02 * s.catch_up + 0.01 * g if g else 0.0
+        target_s = step * (1 + 0.8 * g)
+        s.update(drafted=g, accepted=0, draft_s=draft_s, target_s=target_s)
+        if s.probes > probes:
+            spent += draft_s + target_s - step
+        elif not g:
+            plain_s += target_s
+    assert spent / (plain_s + spent) <= 0.03
+    assert s.probes >= 20000 // s.probe_max - 2
+    assert s.probe_s_per_token == pytest.approx((0.02 * 10 + 0.01 + 0.8 * step) / 11)
+    s._zeros = s._interval  # a probe is due
+    s.budget_s = 50 * s.probe_s_per_token  # covers a catch-up of 10 tokens, not of 400
+    s.catch_up = 400
+    assert s.choose() == 0
+    s._zeros = s._interval
+    s.catch_up = 10
+    assert s.choose() >= 1

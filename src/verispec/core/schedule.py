@@ -22,8 +22,10 @@ drafting does not pay the choice falls back to it. A row stuck at 0 would never 
 doubles the interval (up to ``probe_max``), so the probes' cost vanishes when drafting keeps not paying. A probe
 can cost far more than its drafted token: a draft model that sat out must first catch up on every token committed
 since (the whole prompt, the first time). So probes also live within a budget: every plain round adds ``overhead``
-(3%) of its seconds, and a probe runs only when the budget covers what the last probe cost beyond a plain round;
-the probes' share of the time stays within ``overhead`` whatever a probe costs.
+(3%) of its seconds, and a probe runs only when the budget covers what it is expected to cost beyond a plain round:
+the last probe's cost per token it had to take in (``catch_up``, which the drafter sets each round, plus the one
+it drafted) times this round's; the probes' share of the time stays within ``overhead`` whatever a probe costs
+(the first probe, whose cost nothing predicts, aside).
 
 A backend's block-cost curve (llama.cpp's, measured once on some machine) is a prior for the shape only: block
 lengths this schedule has run are priced at what they cost here.
@@ -166,6 +168,10 @@ class AdaptiveGamma:
         self.budget_s = 0.0  # seconds of probing earned by plain rounds (overhead x their seconds), not yet spent
         self.probe_cost_s: float | None = None  # what the last probe cost beyond a plain round
         self.probe_spent_s = 0.0  # what every probe so far cost beyond a plain round (its draft + longer block)
+        self.probe_s_per_token: float | None = None  # the last probe's cost per token it took in (catch-up + 1)
+        #: tokens the draft must take in before it drafts in the coming round (set by the drafter; 0: none)
+        self.catch_up = 0
+        self._probe_tokens = 1
         self._probing = False
         self.updates = 0
         self.probes = 0
@@ -236,12 +242,15 @@ class AdaptiveGamma:
             self._zeros, self._interval = 0, self.probe_every
             return g
         self._zeros += 1
-        affordable = self.probe_cost_s is None or self.budget_s >= self.probe_cost_s
+        need = (self.probe_cost_s if self.probe_s_per_token is None
+                else self.probe_s_per_token * (max(self.catch_up, 0) + 1))
+        affordable = need is None or self.budget_s >= need
         if self._zeros >= self._interval and self.gamma_max > 0 and affordable:
             # probe: draft once so alpha stays measured; the next decision says whether it paid
             self._zeros, self._interval = 0, min(2 * self._interval, self.probe_max)
             self.probes += 1
             self._probing = True
+            self._probe_tokens = max(self.catch_up, 0) + 1
             return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self.rate(g, alphas, block_len)))
         return 0
 
@@ -289,5 +298,6 @@ class AdaptiveGamma:
             extra = draft_s + max(target_s - (plain if plain is not None else target_s), 0.0)
             self.probe_cost_s = extra
             self.probe_spent_s += extra
+            self.probe_s_per_token = extra / self._probe_tokens
             self.budget_s = max(self.budget_s - extra, 0.0)
         self._probing = False

@@ -197,12 +197,19 @@ class BaseDrafter:
         rows = [self._gamma.get(r.key, self.default_gamma) for r in requests]
         auto = [r.key for r, g in zip(requests, rows, strict=True) if isinstance(g, AdaptiveGamma)]
         sched = self.schedule(len(requests)) if auto else None
+        if sched is not None:
+            sched.catch_up = self.catch_up(requests)  # prices a probe (core.schedule)
         chosen = self.decide(sched, auto) if sched is not None else 0
         out = [max(min(chosen if isinstance(g, AdaptiveGamma) else g, r.max_len), 0)
                for g, r in zip(rows, requests, strict=True)]
         prefill = any(r.key in self._fresh for r in requests)
         self._round = _Round(sched, {r.key for r in requests}, prefill) if sched is not None else None
         return out
+
+    def catch_up(self, requests: Sequence[DraftRequest]) -> int:
+        """Tokens this drafter must take in before it can draft for ``requests`` (the most of any row): what a
+        draft model that sat out has missed. 0 for drafters that keep no state of their own."""
+        return 0
 
     def decide(self, schedule: AdaptiveGamma, keys: Sequence[int]) -> int:
         """One depth for the auto rows ``keys`` of a round, by the schedule of its batch size."""

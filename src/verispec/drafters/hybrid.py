@@ -45,6 +45,10 @@ class HybridDrafter(BaseDrafter):
         self._kind = "lookup" if all(self._match(r, 1) for r in requests) else "model"
         return super().lengths(requests)
 
+    def catch_up(self, requests: Sequence[DraftRequest]) -> int:
+        """Look-ups take nothing in; a model round, what the fallback drafter has missed."""
+        return 0 if self._kind == "lookup" else self.fallback.catch_up(requests)
+
     def _cost_models(self) -> dict[int, AdaptiveGamma]:
         return self._lookup_costs if self._kind == "lookup" else self._costs
 

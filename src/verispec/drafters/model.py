@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.backends.base import Backend, ScoreRequest
+from verispec.backends.base import Backend, ScoreRequest, common_prefix_len
 from verispec.core.constraint import constrain_logits
 from verispec.core.sampling import adjust_logits, process
 from verispec.core.verify.chain import sample_categorical
@@ -55,6 +55,15 @@ class ModelDrafter(BaseDrafter):
         brow = self._brow.pop(key, None)
         if brow is not None:
             self.backend.remove_row(brow)
+
+    def catch_up(self, requests: Sequence[DraftRequest]) -> int:
+        """Tokens of each row's ``ids`` the draft backend has not seen (the most of any row)."""
+        out = 0
+        for r in requests:
+            brow = self._brow.get(r.key)
+            cached = self.backend.cached_tokens(brow) if brow is not None else None
+            out = max(out, len(r.ids) - (common_prefix_len(cached, r.ids) if cached else 0))
+        return out
 
     def _gate(self, dist: torch.Tensor | None, left: int) -> bool:
         """Whether the confidence gate stops a row here (``left`` positions it would still have drafted)."""
