@@ -81,7 +81,8 @@ def contender(engine: Engine, gamma: int | str | None) -> Callable[[list[int], S
         res = engine.generate(ids, sampling=cfg, gamma=gamma, max_new_tokens=ARGS.max_new_tokens, seed=seed)
         m = res.metrics
         return {"tokens": len(res.token_ids), "seconds": m.total_s, "accepted": m.accepted, "drafted": m.drafted,
-                "gammas": dict(m.gamma_counts), "ids": res.token_ids, "probe_s": probe_spent(engine) - spent}
+                "gammas": dict(m.gamma_counts), "ids": res.token_ids, "probe_s": probe_spent(engine) - spent,
+                "draft_s": m.draft_s}
 
     return fn
 
@@ -252,7 +253,7 @@ def table(key: str, runs: dict[str, list[dict]], cfg: SamplingConfig) -> dict:
             "vs_both_target_only_median": None if again is None else statistics.median(
                 (r["tokens"] / r["seconds"]) / ((a["tokens"] / a["seconds"] + b["tokens"] / b["seconds"]) / 2)
                 for r, a, b in zip(rs, anchor, again, strict=True)),
-            "runs": [{"tokens": r["tokens"], "seconds": r["seconds"]} for r in rs],
+            "runs": [{"tokens": r["tokens"], "seconds": r["seconds"], "draft_s": r.get("draft_s")} for r in rs],
             # what the schedule's probes cost beyond the plain rounds they replaced, as a share of the time
             "probe_share": (sum(r.get("probe_s", 0.0) for r in rs) / sum(r["seconds"] for r in rs)
                             if gamma_auto(name) else None),
