@@ -162,23 +162,34 @@ def test_probing_backs_off_exponentially():
     assert s2.choose() > 0 and s2._interval == 4
 
 
+def _never_paying(s: AdaptiveGamma, rounds: int, step: float, draft_s, catch_up=None) -> tuple[float, float]:
+    """Run ``rounds`` decisions of ``s`` where nothing is ever accepted: a plain round costs ``step``, a block of
+    k tokens ``step * (1 + 0.8 (k - 1))``, a round drafting g tokens ``draft_s(g)`` more. Returns (seconds the
+    probes cost beyond the plain rounds they replaced, seconds of plain rounds)."""
+    spent = plain_s = 0.0
+    s.update(drafted=2, accepted=0, draft_s=0.8, target_s=0.06)  # the first round (prefill): times not used
+    for _ in range(rounds):
+        if catch_up is not None:
+            s.catch_up = catch_up()
+        probes = s.probes
+        g = s.choose()
+        d = draft_s(g) if g else 0.0
+        target_s = step * (1 + 0.8 * g)
+        s.update(drafted=g, accepted=0, draft_s=d, target_s=target_s)
+        if s.probes > probes:
+            spent += d + target_s - step
+        elif not g:
+            plain_s += target_s
+    return spent, plain_s
+
+
 def test_expensive_probes_stay_within_the_overhead_budget():
     """A probe whose draft must first catch up costs 20 plain rounds here (a draft model's prefill of everything
     committed since it last ran); drafting never pays. Over 5000 plain-round equivalents the probes cost at most
     3% of the time (the budget), yet the schedule keeps probing (alpha stays measured)."""
     s = AdaptiveGamma(gamma_max=8)
-    step, spent, plain_s = 0.04, 0.0, 0.0
-    s.update(drafted=2, accepted=0, draft_s=0.8, target_s=0.06)  # the first round (prefill): times not used
-    for _ in range(5000):
-        probes = s.probes
-        g = s.choose()
-        draft_s = 20 * step if g else 0.0  # catch-up + drafts
-        target_s = step * (1 + 0.8 * g)
-        s.update(drafted=g, accepted=0, draft_s=draft_s, target_s=target_s)
-        if s.probes > probes:
-            spent += draft_s + target_s - step
-        elif not g:
-            plain_s += target_s
+    step = 0.04
+    spent, plain_s = _never_paying(s, 5000, step, lambda g: 20 * step)  # catch-up + drafts
     assert s.probes >= 2 and s.probe_cost_s is not None
     # the first probe runs before its cost is known; every later one is paid for by the plain rounds before it
     assert spent <= 0.03 * plain_s + s.probe_cost_s
@@ -520,19 +531,12 @@ def test_a_probe_is_priced_by_what_the_draft_must_take_in():
 
     rng = random.Random(0)
     s = AdaptiveGamma(gamma_max=8)
-    step, spent, plain_s = 0.04, 0.0, 0.0
-    s.update(drafted=2, accepted=0, draft_s=0.8, target_s=0.06)  # the first round (prefill): times not used
-    for _ in range(20000):
-        s.catch_up = rng.choice([10, 10, 10, 400])
-        probes = s.probes
-        g = s.choose()
-        draft_s = 0.02 * s.catch_up + 0.01 * g if g else 0.0
-        target_s = step * (1 + 0.8 * g)
-        s.update(drafted=g, accepted=0, draft_s=draft_s, target_s=target_s)
-        if s.probes > probes:
-            spent += draft_s + target_s - step
-        elif not g:
-            plain_s += target_s
+    step = 0.04
+
+    def draft_s(g: int) -> float:
+        return 0.02 * s.catch_up + 0.01 * g
+
+    spent, plain_s = _never_paying(s, 20000, step, draft_s, lambda: rng.choice([10, 10, 10, 400]))
     assert spent / (plain_s + spent) <= 0.03
     assert s.probes >= 20000 // s.probe_max - 2
     assert s.probe_s_per_token == pytest.approx((0.02 * 10 + 0.01 + 0.8 * step) / 11)
