@@ -169,8 +169,9 @@ class AdaptiveGamma:
         self.probe_cost_s: float | None = None  # what the last probe cost beyond a plain round
         self.probe_spent_s = 0.0  # what every probe so far cost beyond a plain round (its draft + longer block)
         self.probe_s_per_token: float | None = None  # the last probe's cost per token it took in (catch-up + 1)
-        #: tokens the draft must take in before it drafts in the coming round (set by the drafter; 0: none)
-        self.catch_up = 0
+        #: tokens the draft must take in before it drafts in the coming round (set by the drafter; 0: none), or a
+        #: function giving them, called only when a probe is due (counting them walks the rows' histories)
+        self.catch_up: int | Callable[[], int] = 0
         self._probe_tokens = 1
         self._probing = False
         self.updates = 0
@@ -242,15 +243,16 @@ class AdaptiveGamma:
             self._zeros, self._interval = 0, self.probe_every
             return g
         self._zeros += 1
-        need = (self.probe_cost_s if self.probe_s_per_token is None
-                else self.probe_s_per_token * (max(self.catch_up, 0) + 1))
-        affordable = need is None or self.budget_s >= need
-        if self._zeros >= self._interval and self.gamma_max > 0 and affordable:
+        if self._zeros < self._interval or self.gamma_max == 0:
+            return 0
+        tokens = max(self.catch_up() if callable(self.catch_up) else self.catch_up, 0) + 1
+        need = self.probe_cost_s if self.probe_s_per_token is None else self.probe_s_per_token * tokens
+        if need is None or self.budget_s >= need:
             # probe: draft once so alpha stays measured; the next decision says whether it paid
             self._zeros, self._interval = 0, min(2 * self._interval, self.probe_max)
             self.probes += 1
             self._probing = True
-            self._probe_tokens = max(self.catch_up, 0) + 1
+            self._probe_tokens = tokens
             return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self.rate(g, alphas, block_len)))
         return 0
 

@@ -198,7 +198,7 @@ class BaseDrafter:
         auto = [r.key for r, g in zip(requests, rows, strict=True) if isinstance(g, AdaptiveGamma)]
         sched = self.schedule(len(requests)) if auto else None
         if sched is not None:
-            sched.catch_up = self.catch_up(requests)  # prices a probe (core.schedule)
+            sched.catch_up = lambda: self.catch_up(requests)  # prices a probe, counted only when one is due
         chosen = self.decide(sched, auto) if sched is not None else 0
         out = [max(min(chosen if isinstance(g, AdaptiveGamma) else g, r.max_len), 0)
                for g, r in zip(rows, requests, strict=True)]
