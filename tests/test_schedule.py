@@ -547,3 +547,53 @@ def test_a_probe_is_priced_by_what_the_draft_must_take_in():
     s._zeros = s._interval
     s.catch_up = 10
     assert s.choose() >= 1
+
+
+def test_a_new_requests_first_probe_is_priced_by_the_drafts_prefill():
+    """A draft that never pays, behind a schedule shared across requests: the first request drafts in its prefill
+    round, where the draft takes in its 300-token prompt (0.02 s a token here, a plain step 0.04 s) and that price
+    is recorded. The second request starts at gamma 0 (the schedule already knows drafting does not pay), so a probe
+    would first take in its whole prompt (about 6 s, 150 plain steps): over 200 rounds the budget (3%) never
+    covers that, and no probe runs. Without the recorded price the same schedule would probe at once."""
+    from verispec.core.rules import get
+    from verispec.drafters.base import BaseDrafter, DraftRequest, Proposal
+
+    step = 0.04
+
+    class Sim(BaseDrafter):
+        seen: dict[int, int] = {}
+
+        def catch_up(self, requests):
+            return max(len(r.ids) - self.seen.get(r.key, 0) for r in requests)
+
+        def draft(self, requests, lengths):
+            out = []
+            for r, g in zip(requests, lengths, strict=True):
+                cost = 0.02 * (len(r.ids) - self.seen.get(r.key, 0)) + 0.01 * g if g else 0.0
+                if g:
+                    self.seen[r.key] = len(r.ids)
+                out.append(Proposal([1] * g, seconds=cost))
+            return out
+
+    d = Sim(gamma_max=8)
+    cfg, rule = SamplingConfig(temperature=0.0), get("lossless")
+
+    def run(key: int, rounds: int) -> list[int]:
+        d.add_row(key, "auto")
+        ids, gammas = list(range(300)), []
+        for _ in range(rounds):
+            (prop,) = d.propose([DraftRequest(key, list(ids), 512, cfg, rule, None, None, False)])
+            gammas.append(len(prop))
+            d.update(key, prop, 0, target_s=step * (1 + 0.8 * len(prop)))
+            ids.append(7)  # nothing accepted: one token a round
+        d.remove_row(key)
+        return gammas
+
+    first = run(1, 60)
+    s = d.schedule(1)
+    assert first[0] > 0 and s.ingest_s_per_token == pytest.approx((0.02 * 300 + 0.01 * first[0]) / (300 + first[0]))
+    assert s.best() == 0 and s.probes == 0
+    second = run(2, 200)
+    assert second == [0] * 200 and s.probes == 0 and s.probe_spent_s == 0
+    s._zeros, s.ingest_s_per_token, s.catch_up = s._interval, None, 316  # the same due probe, unpriced: it runs
+    assert s.choose() >= 1

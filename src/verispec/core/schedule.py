@@ -24,8 +24,11 @@ can cost far more than its drafted token: a draft model that sat out must first 
 since (the whole prompt, the first time). So probes also live within a budget: every plain round adds ``overhead``
 (3%) of its seconds, and a probe runs only when the budget covers what it is expected to cost beyond a plain round:
 the last probe's cost per token it had to take in (``catch_up``, which the drafter sets each round, plus the one
-it drafted) times this round's; the probes' share of the time stays within ``overhead`` whatever a probe costs
-(the first probe, whose cost nothing predicts, aside).
+it drafted) times this round's; the probes' share of the time stays within ``overhead`` whatever a probe costs.
+Before any probe has run, the price per token is the one the draft showed taking in a prompt: a round that ran a
+prefill and drafted reports its draft seconds and the tokens the draft took in (:meth:`AdaptiveGamma.observe_ingest`),
+so that a later request's first probe, which must take in that request's whole prompt, is priced too. Only a
+schedule that has neither seen a draft take in a prompt nor probed runs its first probe unpriced.
 
 A backend's block-cost curve (llama.cpp's, measured once on some machine) is a prior for the shape only: block
 lengths this schedule has run are priced at what they cost here.
@@ -169,6 +172,7 @@ class AdaptiveGamma:
         self.probe_cost_s: float | None = None  # what the last probe cost beyond a plain round
         self.probe_spent_s = 0.0  # what every probe so far cost beyond a plain round (its draft + longer block)
         self.probe_s_per_token: float | None = None  # the last probe's cost per token it took in (catch-up + 1)
+        self.ingest_s_per_token: float | None = None  # draft seconds per token of a prompt it took in (a prefill)
         #: tokens the draft must take in before it drafts in the coming round (set by the drafter; 0: none), or a
         #: function giving them, called only when a probe is due (counting them walks the rows' histories)
         self.catch_up: int | Callable[[], int] = 0
@@ -204,7 +208,7 @@ class AdaptiveGamma:
                 "block_s": dict(sorted(self.block_s.items())), "best": self.best(), "probes": self.probes,
                 "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned",
                 "probe_cost_s": self.probe_cost_s, "probe_spent_s": self.probe_spent_s,
-                "probe_budget_s": self.budget_s}
+                "probe_budget_s": self.budget_s, "ingest_s_per_token": self.ingest_s_per_token}
 
     def best(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
         """The gamma maximising expected tokens per second under the current estimates (no probing); ``alphas``:
@@ -246,7 +250,8 @@ class AdaptiveGamma:
         if self._zeros < self._interval or self.gamma_max == 0:
             return 0
         tokens = max(self.catch_up() if callable(self.catch_up) else self.catch_up, 0) + 1
-        need = self.probe_cost_s if self.probe_s_per_token is None else self.probe_s_per_token * tokens
+        per_token = self.probe_s_per_token if self.probe_s_per_token is not None else self.ingest_s_per_token
+        need = self.probe_cost_s if per_token is None else per_token * tokens
         if need is None or self.budget_s >= need:
             # probe: draft once so alpha stays measured; the next decision says whether it paid
             self._zeros, self._interval = 0, min(2 * self._interval, self.probe_max)
@@ -279,6 +284,14 @@ class AdaptiveGamma:
         if drafted:
             reached = min(drafted, accepted + 1)
             self.alpha = min(max(self._ema(self.alpha, accepted / reached), 0.0), 0.999)
+
+    def observe_ingest(self, draft_s: float, tokens: int) -> None:
+        """Fold in a round that ran a prefill and drafted: the draft took in ``tokens`` tokens (its prompt, and
+        what it drafted) in ``draft_s`` seconds. Its cost per token prices probes until one has run (module
+        docstring); the round's times are not costs of a decode round, so nothing else is updated."""
+        if tokens < 1 or draft_s < 0:
+            raise ValueError(f"need tokens >= 1 and draft_s >= 0, got {tokens}, {draft_s}")
+        self.ingest_s_per_token = self._ema(self.ingest_s_per_token, draft_s / tokens)
 
     def observe_costs(self, drafted: int, draft_s: float, target_s: float, scored: int | None = None) -> None:
         """Fold in one round's seconds: ``draft_s`` for ``drafted`` draft steps, ``target_s`` for scoring

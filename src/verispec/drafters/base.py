@@ -128,6 +128,7 @@ class _Round:
     schedule: AdaptiveGamma
     pending: set[int]
     prefill: bool
+    ingest: int = 0  # tokens the draft takes in before drafting (counted in a prefill round that drafts)
     depth: int = 0
     scored: int = 0
     draft_s: float = 0.0
@@ -203,7 +204,12 @@ class BaseDrafter:
         out = [max(min(chosen if isinstance(g, AdaptiveGamma) else g, r.max_len), 0)
                for g, r in zip(rows, requests, strict=True)]
         prefill = any(r.key in self._fresh for r in requests)
-        self._round = _Round(sched, {r.key for r in requests}, prefill) if sched is not None else None
+        if sched is not None:
+            # a prefill round that drafts shows what the draft pays to take in a prompt: it prices later probes
+            ingest = self.catch_up(requests) if prefill and chosen > 0 else 0
+            self._round = _Round(sched, {r.key for r in requests}, prefill, ingest)
+        else:
+            self._round = None
         return out
 
     def catch_up(self, requests: Sequence[DraftRequest]) -> int:
@@ -250,3 +256,5 @@ class BaseDrafter:
             self._round = None
             if not rnd.prefill:
                 rnd.schedule.observe_costs(rnd.depth, rnd.draft_s, target_s, scored=rnd.scored + 1)
+            elif rnd.ingest and rnd.depth:
+                rnd.schedule.observe_ingest(rnd.draft_s, rnd.ingest + rnd.depth)
