@@ -212,3 +212,24 @@ def test_waiting_requests_hold_no_cache_rows(pair):
     assert peak == 2
     assert hs[5].result.finish_reason == "cancelled" and hs[5].result.token_ids == []
     assert all(h.result.finish_reason == "length" for h in hs[:5])
+
+
+def test_engine_capacity_is_its_backends_row_limit(pair):
+    """A backend that holds a fixed number of rows (a llama.cpp context's sequences) bounds the engine: a scheduler
+    asking for more rows is refused with an error naming the limit, and generate's default batch stays within it
+    (7 greedy rows through 2 slots, each equal to the target's greedy decode). Without a limit, none."""
+    target, draft = pair
+    eng = Engine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    assert eng.max_rows is None
+    eng.drafter.backend.max_rows = 2  # the capability a llama.cpp backend carries
+    assert eng.max_rows == 2
+    with pytest.raises(ValueError, match="max_batch 3 exceeds the 2 rows.*max_rows >= 3"):
+        Scheduler(eng, max_batch=3)
+    seen: list[int] = []
+    step = eng.step
+    eng.step = lambda rows: (seen.append(len(rows)), step(rows))[1]  # type: ignore[method-assign]
+    prompts = _prompts(7)
+    outs = eng.generate(prompts, sampling=GREEDY, gamma=2, max_new_tokens=6)
+    assert max(seen) == 2
+    for p, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference_greedy(target, p, 6)

@@ -47,6 +47,10 @@ def test_load_engine_llamacpp_target(engine):
         load_engine(drafter="tree", target_backend="llamacpp", cache=False)
     with pytest.raises(ValueError, match="target backend"):
         load_engine(drafter="none", target_backend="vllm", cache=False)
+    assert engine.max_rows == t.max_rows == 8  # llama.cpp sequences, allocated up front
+    wide = load_engine(drafter="llamacpp", target_backend="llamacpp", threads=T, cache=False, max_rows=12)
+    assert wide.max_rows == wide.target.max_rows == wide.drafter.backend.max_rows == 12
+    del wide
 
 
 def _greedy_divergence_is_near_tie(target: LlamaCppBackend, prompt: list[int], a: list[int], b: list[int]) -> bool:

@@ -48,7 +48,7 @@ def _eos_ids(model: torch.nn.Module, tokenizer: object, name: str) -> list[int]:
 
 
 def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, threads: int | None,
-                      n_threads: int | None = None, isolate_rows: bool = False) -> object:
+                      n_threads: int | None = None, isolate_rows: bool = False, max_rows: int = 8) -> object:
     """A llama.cpp backend on the draft's GGUF (a registered name's assembled GGUF, or a ``.gguf`` path).
 
     ``n_threads`` (llama.cpp threads) defaults to half of ``threads`` (at least 1): with a transformers target,
@@ -62,7 +62,7 @@ def _llamacpp_backend(draft: str | os.PathLike[str] | None, vocab_size: int, thr
         n_threads = 1 if threads is None else max(1, threads // 2)
     if isolate_rows:
         return _isolated_llamacpp(path, n_threads=n_threads, vocab_size=vocab_size)
-    return LlamaCppBackend(path, n_threads=n_threads, vocab_size=vocab_size)
+    return LlamaCppBackend(path, n_threads=n_threads, vocab_size=vocab_size, max_rows=max_rows)
 
 
 def _isolated_llamacpp(path: str, **kw: Any) -> RowIsolated:
@@ -164,6 +164,7 @@ def build_drafter(
     draft_threads: int | None = None,
     isolate_rows: bool = False,
     p_min: float = 0.0,
+    max_rows: int = 8,
 ) -> BaseDrafter | None:
     """The drafter named ``drafter`` (see :data:`verispec.defaults.DRAFTERS`) on the ``draft`` model.
 
@@ -171,7 +172,8 @@ def build_drafter(
     ``draft_threads``: llama.cpp threads of a llama.cpp draft (default: half of ``threads``, see
     :func:`_llamacpp_backend`; with a llama.cpp target, which runs between the drafts, all of them).
     ``isolate_rows``: every row of the draft model on a backend of its own (:class:`RowIsolated`). ``p_min``: the
-    draft model's confidence gate (:class:`~verispec.drafters.ModelDrafter`; 0: off).
+    draft model's confidence gate (:class:`~verispec.drafters.ModelDrafter`; 0: off). ``max_rows``: rows a
+    llama.cpp draft holds at once (its sequences).
     A draft whose vocabulary differs from the target's is refused with :class:`models.VocabularyMismatchError`.
     """
     spec = drafter_spec(drafter)
@@ -181,7 +183,7 @@ def build_drafter(
     def load_draft() -> Backend:
         if spec.draft_backend == "llamacpp":
             return _llamacpp_backend(draft, target_config.vocab_size, threads,  # type: ignore[attr-defined]
-                                     draft_threads, isolate_rows)
+                                     draft_threads, isolate_rows, max_rows)
         d_model, d_tok = models.load_model(draft, dtype=dtype, device=device)  # type: ignore[arg-type]
         models.check_same_vocab(target_tokenizer, d_tok, target_config, d_model.config)
         return RowIsolated(lambda: HFBackend(d_model)) if isolate_rows else HFBackend(d_model)
@@ -225,6 +227,7 @@ def load_engine(
     target_backend: str = "hf",
     deterministic: bool = False,
     draft_p_min: float = 0.0,
+    max_rows: int = 8,
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
@@ -245,7 +248,9 @@ def load_engine(
     (:class:`~verispec.backends.isolated.RowIsolated`), so a seeded request's tokens do not depend on what else
     shares its batch (nor on a prefix cached by an earlier request); it gives up batched forwards.
     ``draft_p_min``: the draft model stops a row's chain at the first position where its top probability is below
-    this (llama.cpp's ``--draft-p-min``; lossless; 0: off).
+    this (llama.cpp's ``--draft-p-min``; lossless; 0: off). ``max_rows``: the most rows (requests decoded together)
+    a llama.cpp target or draft holds at once, its sequences, whose KV cells are allocated up front
+    (:attr:`Engine.max_rows`; transformers backends have no such limit).
     """
     if device != "cpu" and not device.startswith("cuda") and device != "mps":
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
@@ -255,13 +260,16 @@ def load_engine(
     if threads:
         torch.set_num_threads(threads)
     key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
-           tuple(sorted((tree or {}).items())), device, target_backend, bool(deterministic), float(draft_p_min))
+           tuple(sorted((tree or {}).items())), device, target_backend, bool(deterministic), float(draft_p_min),
+           int(max_rows))
     if cache and (hit := ENGINES.get(key)) is not None:
         return hit
     if target_backend == "llamacpp":
-        backend, tok, config, eos = load_llamacpp_target(target, threads, isolate_rows=deterministic)
+        backend, tok, config, eos = load_llamacpp_target(target, threads, max_rows=max_rows,
+                                                         isolate_rows=deterministic)
         draft_impl = build_drafter(drafter, draft, tok, config, dtype, threads, tree, device,
-                                   draft_threads=threads or 2, isolate_rows=deterministic, p_min=draft_p_min)
+                                   draft_threads=threads or 2, isolate_rows=deterministic, p_min=draft_p_min,
+                                   max_rows=max_rows)
         if draft_impl is not None:
             draft_impl.target_cost = backend.block_cost  # type: ignore[attr-defined]
         engine = Engine(backend, draft_impl, tok, eos)  # type: ignore[arg-type]
@@ -269,7 +277,7 @@ def load_engine(
         t_model, tok = models.load_model(target, dtype=dtype, device=device)
         eos = _eos_ids(t_model, tok, os.fspath(target))
         draft_impl = build_drafter(drafter, draft, tok, t_model.config, dtype, threads, tree, device,
-                                   isolate_rows=deterministic, p_min=draft_p_min)
+                                   isolate_rows=deterministic, p_min=draft_p_min, max_rows=max_rows)
         target_impl = RowIsolated(lambda: HFBackend(t_model)) if deterministic else HFBackend(t_model)
         engine = Engine(target_impl, draft_impl, tok, eos)  # type: ignore[arg-type]
     if cache:

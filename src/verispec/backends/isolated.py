@@ -55,6 +55,11 @@ class RowIsolated:
         return self._first.device
 
     @property
+    def max_rows(self) -> int | None:
+        """No limit: every row gets a backend of its own (made on demand, pooled)."""
+        return None
+
+    @property
     def num_rows(self) -> int:
         return len(self._rows)
 

@@ -577,7 +577,7 @@ def serve(host: str, port: int, target: str | None, draft: str | None, drafter: 
         target_backend, drafter = resolve_backends(target_backend, drafter)
         engine = load_engine(target, (draft or models.DEFAULT_DRAFT) if DRAFTERS[drafter].uses_draft_model else None,
                              drafter, dtype, threads, target_backend=target_backend, draft_p_min=draft_p_min,
-                             deterministic=deterministic)
+                             deterministic=deterministic, max_rows=max_batch)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     name = served_model_name or os.path.basename(os.path.normpath(os.fspath(target)))

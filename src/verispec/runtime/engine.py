@@ -82,6 +82,15 @@ class Engine:
                 "draft_backend": None if draft is None else getattr(draft, "name", type(draft).__name__)}
 
     @property
+    def max_rows(self) -> int | None:
+        """The most rows the engine can decode at once: the least of its backends' ``max_rows`` (a llama.cpp
+        context's sequences); None where no backend has a limit (transformers)."""
+        caps = [getattr(b, "max_rows", None) for b in (self.target, getattr(self.drafter, "backend", None))
+                if b is not None]
+        known = [int(c) for c in caps if c is not None]
+        return min(known) if known else None
+
+    @property
     def proposes_trees(self) -> bool:
         """Whether the drafter proposes token trees (then only tree-safe rules verify)."""
         return bool(getattr(self.drafter, "proposes_trees", False))
@@ -468,8 +477,9 @@ class Engine:
         :mod:`verispec.runtime.grammar`), a constraint on target and draft alike. ``budget``: a divergence
         budget on a lenience or CoS-WE rule (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per
         position, ``{"tv_total": B}`` per sequence); ``result.metrics.budget`` reports the spent budget and each
-        token's parameter and distance. Rows run ``batch_size`` at a time (default: all), joining and leaving
-        between rounds. Stops on EOS ids and ``stop`` strings, never overshooting ``max_new_tokens``.
+        token's parameter and distance. Rows run ``batch_size`` at a time (default: all, up to :attr:`max_rows`),
+        joining and leaving between rounds. Stops on EOS ids and ``stop`` strings, never overshooting
+        ``max_new_tokens``.
         """
         single = isinstance(prompt, str) or len(prompt) == 0 or not isinstance(prompt[0], str | list | tuple)  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
@@ -496,7 +506,7 @@ class Engine:
             handle = sched.submit(requests[0])  # raises on bad input
             sched.run()
             return handle.result  # type: ignore[return-value]
-        sched = Scheduler(self, max_batch=batch_size or max(n, 1))
+        sched = Scheduler(self, max_batch=batch_size or max(min(n, self.max_rows or n), 1))
         handles = []
         for req in requests:
             try:

@@ -54,6 +54,10 @@ class Scheduler:
     def __init__(self, engine: Engine, max_batch: int = 8) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        cap = getattr(engine, "max_rows", None)
+        if cap is not None and max_batch > cap:
+            raise ValueError(f"max_batch {max_batch} exceeds the {cap} rows the engine holds at once (a llama.cpp "
+                             f"backend's sequences): load it with max_rows >= {max_batch}")
         self.engine, self.max_batch = engine, max_batch
         self.waiting: deque[Handle] = deque()
         self.running: list[Handle] = []
