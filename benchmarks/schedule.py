@@ -6,7 +6,7 @@ prompts, HumanEval) and each temperature (0 and 0.7), the contenders run alterna
 target weights and the same threads:
 
 - ``target-only``: the engine without a drafter (the path ``--no-draft`` takes), the anchor of every ratio;
-  ``target-only-again`` (llama.cpp) runs the same work once more: its ratio is the noise of the measurement;
+  ``target-only-again`` runs the same work once more: its ratio is the noise of the measurement;
 - ``<draft>-auto``: the pair's draft (the 0.5B model: transformers for the transformers target, its GGUF in
   llama.cpp for the llama.cpp target) under the adaptive schedule;
 - ``ngram-auto``: prompt lookup under the schedule (free drafts that pay on code);
@@ -94,6 +94,7 @@ def backends(th: int) -> dict[str, dict[str, Callable]]:
     tok, eos = hf.tokenizer, sorted(hf.eos_token_ids)
     out["transformers bf16"] = {
         "target-only": contender(Engine(hf.target, None, tok, eos), None),
+        "target-only-again": contender(Engine(hf.target, None, tok, eos), None),  # A/A: the noise
         "model-auto": contender(hf, "auto"),
         "ngram-auto": contender(Engine(hf.target, NgramDrafter(), tok, eos), "auto"),
         "model-g5": contender(hf, 5),

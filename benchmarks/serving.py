@@ -7,43 +7,52 @@ hits all of them):
 - generate (only where there are more requests than C): ``Engine.generate(prompts, batch_size=C)``; its latency
   and TTFT (the engine's own metrics) count from submission, i.e. they include waiting for a batch slot;
 - direct: the engine through its Scheduler, closed loop: C requests in the batch, the next one submitted when one
-  ends (what the server does, minus HTTP); latency and TTFT from submission;
-- server: ``create_app`` served by uvicorn on 127.0.0.1 (max_batch 16), C client threads each sending its share of
-  the requests one after another (streamed chat completions); latency from sending to the last chunk, time to
-  first token to the first chunk with text.
+  ends (what the server does, minus HTTP), with the server's default gamma; latency and TTFT from submission;
+- server: ``create_app`` served by uvicorn on 127.0.0.1 (max_batch: the highest level) on a thread of this
+  process, or with ``--server-process`` ``verispec serve`` with the same settings as a process of its own; C client
+  threads each sending its share of the requests one after another (streamed chat completions); latency from
+  sending to the last chunk, time to first token to the first chunk with text.
 
-The engine runs on a thread other than the main one on every path (the server's worker thread; ``on_thread``).
-Same prompts (short chat prompts), same settings (greedy unless --temperature, --max-new-tokens, seed 0). Prints
-requests/s, generated tokens/s, time to first token (median) and latency p50 / p99 per level and path, and the
-each path's requests/s relative to direct side by side; writes JSON and a markdown table.
+With ``--repeats R`` both paths run R times per level, their order alternated; the ratio is given per repeat.
+The engine runs on a thread other than the main one on every path (the server's worker thread; one long-lived
+thread for the direct path, ``on_thread``). Backends and drafter as ``verispec serve`` chooses them unless
+--target-backend / --drafter. Same prompts (short chat prompts), same settings (greedy unless --temperature,
+--max-new-tokens, seed 0). Prints requests/s, generated tokens/s, time to first token (median) and latency p50 /
+p99 per level and path, and each path's requests/s relative to direct side by side; writes JSON and a markdown
+table.
 
-    python3 benchmarks/serving.py --levels 1,4,16 --max-new-tokens 48 --threads 2 \\
-        --out docs/results/serving.json --md docs/results/serving.md
+    python3 benchmarks/serving.py --levels 1,4,16 --requests 16 --repeats 2 --max-new-tokens 32 --threads 2 \\
+        --skip-generate --server-process --out docs/results/serving.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
 import torch
+from load_server import wait_healthy  # noqa: E402  (benchmarks/)
 from openai import OpenAI
 
 from verispec import models
 from verispec.api import load_engine
 from verispec.core.sampling import SamplingConfig
+from verispec.defaults import AUTO, DRAFTERS, SERVING_GAMMA, resolve_backends
 from verispec.runtime.engine import Engine
 from verispec.runtime.scheduler import Handle, Scheduler
 from verispec.runtime.types import Request
 from verispec.server import create_app
-from verispec.server.background import BackgroundServer
+from verispec.server.background import BackgroundServer, free_port
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -100,16 +109,14 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1)]
 
 
+_ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="direct-engine")
+
+
 def on_thread(fn: Callable[..., Level], *args: object) -> Level:
-    """Run ``fn`` on a fresh thread, as the server's worker runs the engine: on this machine the same torch work
-    ran several times slower on the main thread than on another thread (see docs/results/serving.md)."""
-    out: list[Level] = []
-    t = threading.Thread(target=lambda: out.append(fn(*args)))
-    t.start()
-    t.join()
-    if not out:
-        raise RuntimeError(f"{fn.__name__} failed (traceback above)")
-    return out[0]
+    """Run ``fn`` on one long-lived thread other than the main one, as the server's worker runs the engine: the
+    same torch work ran slower on the main thread than on another thread once, and on a fresh thread than on one
+    that had run before (see docs/results/serving.md), so every direct run uses the same thread."""
+    return _ENGINE_THREAD.submit(fn, *args).result()
 
 
 def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int) -> Level:
@@ -124,7 +131,8 @@ def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, 
         first.setdefault(h.id, time.perf_counter())
 
     def submit(p: str) -> Handle:
-        h = sched.submit(Request(p, sampling=cfg, max_new_tokens=n, seed=0, chat=True), on_tokens=on_tokens)
+        h = sched.submit(Request(p, sampling=cfg, max_new_tokens=n, seed=0, chat=True, gamma=SERVING_GAMMA),
+                         on_tokens=on_tokens)
         start[h.id] = time.perf_counter()
         return h
 
@@ -149,7 +157,8 @@ def run_generate(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig
     """Engine.generate on the list of prompts with batch_size = c (every prompt submitted at once); its metrics'
     latency and TTFT count from submission, so they include waiting for a batch slot."""
     t0 = time.perf_counter()
-    results = engine.generate(prompts, sampling=cfg, max_new_tokens=n, seed=0, chat=True, batch_size=c)
+    results = engine.generate(prompts, sampling=cfg, max_new_tokens=n, seed=0, chat=True, batch_size=c,
+                              gamma=SERVING_GAMMA)
     wall = time.perf_counter() - t0
     samples = [Sample(r.text, len(r.token_ids), r.metrics.time_to_first_token_s or 0.0, r.metrics.total_s)
                for r in results]
@@ -195,9 +204,16 @@ def report(level: Level, rows: list[dict], raw: list[dict]) -> Level:
     return level
 
 
-def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], load: list[float]) -> str:
+def combine(levels: list[Level]) -> Level:
+    """The repeats of one path at one level as one: their requests over their summed wall time."""
+    return Level(levels[0].path, levels[0].concurrency, sum(lv.requests for lv in levels),
+                 sum(lv.wall_s for lv in levels), [s for lv in levels for s in lv.samples])
+
+
+def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], ratios: dict[int, list[float]],
+             load: list[float], backends: dict) -> str:
     lines = [
-        "| concurrency | path | requests | req/s | tok/s | req/s vs direct | TTFT p50 (s) | "
+        "| concurrency | path | requests | req/s | tok/s | req/s vs direct (per repeat) | TTFT p50 (s) | "
         "latency p50 (s) | latency p99 (s) | same text as direct |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -208,25 +224,60 @@ def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], 
             if (c, path) not in by:
                 continue
             r = by[(c, path)]
+            vs = f"{r['requests_per_s'] / d['requests_per_s']:.2f}x"
+            if path == "server" and len(ratios[c]) > 1:
+                vs += f" ({', '.join(f'{x:.2f}' for x in ratios[c])})"
             lines.append(f"| {c} | {path} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.2f} | "
-                         f"{r['requests_per_s'] / d['requests_per_s']:.2f}x | {r['ttft_p50_s']:.2f} | "
-                         f"{r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | "
+                         f"{vs} | {r['ttft_p50_s']:.2f} | {r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | "
                          f"{equal[c] if path == 'server' else '-'} |")
-    head = (f"Real pair ({models.DEFAULT_TARGET} / {models.DEFAULT_DRAFT}, drafter model, {args.dtype}, "
-            f"{args.threads} torch threads), {args.max_new_tokens} new tokens, temperature {args.temperature}, "
-            f"short chat prompts; load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}.")
+    head = (f"Real pair ({models.DEFAULT_TARGET} / {models.DEFAULT_DRAFT}; target backend "
+            f"{backends['target_backend']}, drafter {backends['drafter']}, {args.threads} threads), "
+            f"{args.max_new_tokens} new tokens, temperature {args.temperature}, short chat prompts, {args.repeats} "
+            f"repeat(s) per level with the paths' order alternated; load average (1 min) before / after: "
+            f"{load[0]:.2f} / {load[1]:.2f}.")
     return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def serve(engine: Engine, args: argparse.Namespace, target_backend: str, drafter: str) -> Iterator[SimpleNamespace]:
+    """The server under test at ``.url``: ``create_app`` on this process's engine under uvicorn on a thread, or with
+    ``--server-process`` ``verispec serve`` with the same settings as a process of its own (its own engine: the
+    clients' and the direct path's Python then do not share the server's interpreter lock)."""
+    if not args.server_process:
+        app = create_app(engine, model_name=models.DEFAULT_TARGET, max_batch=max(args.levels), max_concurrency=64)
+        with BackgroundServer(app, timeout_s=120) as srv:
+            yield SimpleNamespace(url=srv.url)
+        return
+    port = free_port()
+    cmd = ["verispec", "serve", "--port", str(port), "--max-batch", str(max(args.levels)), "--threads",
+           str(args.threads), "--dtype", args.dtype, "--target-backend", target_backend, "--drafter", drafter,
+           "--served-model-name", models.DEFAULT_TARGET, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, 900)
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--requests", default=4, type=int, help="requests per level (at least the concurrency)")
+    ap.add_argument("--repeats", default=1, type=int, help="runs of both paths per level, their order alternated")
     ap.add_argument("--max-new-tokens", default=48, type=int)
     ap.add_argument("--temperature", default=0.0, type=float)
     ap.add_argument("--threads", default=2, type=int)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--target-backend", default=AUTO, help="as verispec serve (auto: llama.cpp when installed)")
+    ap.add_argument("--drafter", default=AUTO, help="as verispec serve")
     ap.add_argument("--skip-generate", action="store_true", help="leave out the Engine.generate path")
+    ap.add_argument("--server-process", action="store_true",
+                    help="run the server as a process of its own (verispec serve), not on a thread of this one")
     ap.add_argument("--out", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
@@ -235,36 +286,53 @@ def main() -> None:
 
     load0 = os.getloadavg()[0]
     torch.set_num_threads(args.threads)
-    engine = load_engine(dtype=args.dtype, threads=args.threads)
+    target_backend, drafter = resolve_backends(args.target_backend, args.drafter)
+    engine = load_engine(models.DEFAULT_TARGET, models.DEFAULT_DRAFT if DRAFTERS[drafter].uses_draft_model else None,
+                         drafter, args.dtype, args.threads, target_backend=target_backend,
+                         max_rows=max(args.levels))
+    print(f"engine: {engine.backends}", flush=True)
     cfg = SamplingConfig(temperature=args.temperature)
-    app_kwargs = dict(model_name=models.DEFAULT_TARGET, max_batch=max(args.levels), max_concurrency=64)
-    # warm-up (not measured): one request on each path
-    on_thread(run_direct, engine, PROMPTS[:1], 1, cfg, 8)
-    rows, equal, raw = [], {}, []
-    for c in args.levels:
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(max(args.requests, c))]
-        # Engine.generate differs from the closed loop only when requests wait for a slot
-        if len(prompts) > c and not args.skip_generate:
-            report(on_thread(run_generate, engine, prompts, c, cfg, args.max_new_tokens), rows, raw)
-        direct = report(on_thread(run_direct, engine, prompts, c, cfg, args.max_new_tokens), rows, raw)
-        with BackgroundServer(create_app(engine, **app_kwargs), timeout_s=120) as srv:
-            if c == args.levels[0]:
-                run_server(srv.url, models.DEFAULT_TARGET, PROMPTS[:1], 1, args.temperature, 8)
-            served = report(run_server(srv.url, models.DEFAULT_TARGET, prompts, c, args.temperature,
-                                       args.max_new_tokens), rows, raw)
-        same = sum(a.text == b.text for a, b in zip(direct.samples, served.samples, strict=True))
-        equal[c] = f"{same}/{len(prompts)}"
-        ratio = served.summary()["requests_per_s"] / direct.summary()["requests_per_s"]
-        print(f"C={c:<3} server / direct: {ratio:.2f}x req/s; same text as direct {equal[c]}", flush=True)
-        if args.out:  # after every level, so that an interrupted run keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump({"args": vars(args), "rows": rows, "levels": raw}, f, indent=1)
+    rows, equal, raw, ratios = [], {}, [], {}
+    with serve(engine, args, target_backend, drafter) as srv:
+        # warm-up (not measured): one request on each path
+        on_thread(run_direct, engine, PROMPTS[:1], 1, cfg, 8)
+        run_server(srv.url, models.DEFAULT_TARGET, PROMPTS[:1], 1, args.temperature, 8)
+        for c in args.levels:
+            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(max(args.requests, c))]
+            # Engine.generate differs from the closed loop only when requests wait for a slot
+            if len(prompts) > c and not args.skip_generate:
+                report(on_thread(run_generate, engine, prompts, c, cfg, args.max_new_tokens), rows, raw)
+            runs: dict[str, list[Level]] = {"direct": [], "server": []}
+            for rep in range(args.repeats):
+                for path in (("direct", "server") if rep % 2 == 0 else ("server", "direct")):
+                    if path == "direct":
+                        lv = on_thread(run_direct, engine, prompts, c, cfg, args.max_new_tokens)
+                    else:
+                        lv = run_server(srv.url, models.DEFAULT_TARGET, prompts, c, args.temperature,
+                                        args.max_new_tokens)
+                    runs[path].append(lv)
+                    raw.append({"repeat": rep, **asdict(lv)})
+            direct, served = combine(runs["direct"]), combine(runs["server"])
+            report(direct, rows, [])
+            report(served, rows, [])
+            ratios[c] = [s.requests / s.wall_s / (d.requests / d.wall_s)
+                         for d, s in zip(runs["direct"], runs["server"], strict=True)]
+            same = sum(a.text == b.text for a, b in zip(direct.samples, served.samples, strict=True))
+            equal[c] = f"{same}/{len(direct.samples)}"
+            ratio = served.summary()["requests_per_s"] / direct.summary()["requests_per_s"]
+            print(f"C={c:<3} server / direct: {ratio:.2f}x req/s (per repeat {[round(x, 3) for x in ratios[c]]}); "
+                  f"same text as direct {equal[c]}", flush=True)
+            if args.out:  # after every level, so that an interrupted run keeps what it measured
+                with open(args.out, "w") as f:
+                    json.dump({"args": vars(args), "backends": engine.backends, "rows": rows, "ratios": ratios,
+                               "levels": raw}, f, indent=1)
     load = [load0, os.getloadavg()[0]]
-    table = markdown(rows, args, equal, load)
+    table = markdown(rows, args, equal, ratios, load, engine.backends)
     print(table)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "load_avg_1min": load, "rows": rows, "levels": raw}, f, indent=1)
+            json.dump({"args": vars(args), "backends": engine.backends, "load_avg_1min": load, "rows": rows,
+                       "ratios": ratios, "levels": raw}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(table)
