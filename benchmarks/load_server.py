@@ -68,6 +68,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise RuntimeError(f"the server did not answer /health within {timeout_s} s")
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate a server process, killing it if it has not exited within a minute."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def main() -> None:
     port = free_port()
     cmd = ["verispec", "serve", "--port", str(port), "--max-batch", str(ARGS.max_batch), "--threads",
@@ -87,11 +96,7 @@ def main() -> None:
                            sample=lambda: rss_mib(proc.pid), sample_every_s=ARGS.sample_every)
         alive = proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     samples = report["samples"]
     half = [s for s in samples if s[0] >= samples[-1][0] / 2]
     lat = sorted(report["latencies_s"])

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 
 import torch
-from load_server import wait_healthy  # noqa: E402  (benchmarks/)
+from load_server import stop, wait_healthy  # noqa: E402  (benchmarks/)
 from openai import OpenAI
 
 from verispec import models
@@ -257,11 +257,7 @@ def serve(engine: Engine, args: argparse.Namespace, target_backend: str, drafter
         wait_healthy(f"http://127.0.0.1:{port}", proc, 900)
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def main() -> None:
