@@ -169,8 +169,12 @@ def run_server(url: str, model: str, prompts: list[str], c: int, temperature: fl
     """c closed-loop clients (threads), each streaming its share of the prompts one after another."""
     results: list[Sample | None] = [None] * len(prompts)
 
+    clients = [OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0) for _ in range(c)]
+    start = threading.Barrier(c)  # clients built beforehand send their first requests together, as direct submits
+
     def client_loop(k: int) -> None:
-        client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)
+        client = clients[k]
+        start.wait()
         for i in range(k, len(prompts), c):
             t0 = time.perf_counter()
             ttft, parts, tokens = None, [], 0

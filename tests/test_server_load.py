@@ -7,8 +7,11 @@ real pair, resident memory sampled) is ``benchmarks/load_server.py``."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 import urllib.request
+
+import pytest
 
 from verispec.server import create_app
 from verispec.server.background import BackgroundServer
@@ -47,3 +50,39 @@ def test_streaming_clients_that_hang_up_leave_the_server_whole():
     assert report["server_errors"] == 0 and report["problems"] == [], report["problems"][:3]
     assert report["completed"] >= 6 and report["disconnected"] >= 2, report
     assert report["health"] == 200
+
+
+@pytest.mark.parametrize("gather_s,first_round", [(0.5, 3), (0.0, 1)])
+def test_an_idle_worker_gathers_a_burst_into_one_round(gather_s, first_round):
+    """Three requests handed over 50 ms apart to an idle worker: with a gathering window longer than the burst
+    they share the first round (one prefill round); without one, the first starts alone."""
+    from verispec.core.sampling import SamplingConfig
+    from verispec.runtime.types import Request
+    from verispec.server.worker import Job, Worker
+
+    engine = toy_engine("model", cache=False)
+    sizes: list[int] = []
+    step = engine.step
+    engine.step = lambda rows: (sizes.append(len(rows)), step(rows))[1]  # type: ignore[method-assign]
+    finished = threading.Semaphore(0)
+
+    class Listener:
+        def admitted(self) -> None: ...
+        def rejected(self, exc: Exception) -> None: raise AssertionError(exc)
+        def tokens(self, ids, handle) -> None: ...
+        def done(self, handle) -> None: finished.release()
+
+    worker = Worker(engine, max_batch=4, gather_s=gather_s)
+    worker.start()
+    try:
+        for i in range(3):
+            worker.submit(Job(lambda e, i=i: Request([1 + i, 2, 3], sampling=SamplingConfig(temperature=0),
+                                                     max_new_tokens=40, gamma=1), Listener()))
+            time.sleep(0.05)
+        for _ in range(3):
+            assert finished.acquire(timeout=60)
+    finally:
+        worker.stop()
+    assert sizes[0] == first_round, sizes
+    with pytest.raises(ValueError, match="gather_s"):
+        Worker(engine, gather_s=-1)

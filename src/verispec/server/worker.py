@@ -17,6 +17,10 @@ through the listener, always from this thread:
 A built request goes straight into the Scheduler, the one queue: it holds no engine row while it waits (rows are
 allocated at admission), so the worker keeps no queue of its own beyond the jobs not built yet.
 
+An idle worker that receives a request waits ``gather_s`` (:data:`GATHER_S`, 20 ms) before its first round, so that
+requests sent together start together (one prefill round, rows that finish together) instead of one joining per
+round behind the first; a busy worker admits between rounds as they come.
+
 A round that raises fails only the rows of that round (the Scheduler marks them and re-raises); the worker
 counts it and goes on. A listener that raises is logged and ignored.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -36,6 +41,10 @@ from verispec.runtime.types import Request
 __all__ = ["Job", "JobListener", "Worker"]
 
 log = logging.getLogger(__name__)
+
+#: seconds an idle worker waits after the first request arrives before its first round, so that requests sent
+#: together (a burst of clients) share one prefill round instead of joining one round at a time
+GATHER_S = 0.02
 
 
 class JobListener(Protocol):
@@ -73,7 +82,11 @@ class Worker:
         max_batch: int = 8,
         observe: Callable[[Worker], None] | None = None,
         on_round_error: Callable[[Exception], None] | None = None,
+        gather_s: float = GATHER_S,
     ) -> None:
+        if gather_s < 0:
+            raise ValueError(f"gather_s must be >= 0, got {gather_s}")
+        self.gather_s = gather_s
         self.engine = engine
         self.scheduler = Scheduler(engine, max_batch=max_batch)
         self._observe, self._on_round_error = observe, on_round_error
@@ -131,6 +144,11 @@ class Worker:
                     self._cv.wait()
                 if self._stopping:
                     break
+                if self.scheduler.idle and self.gather_s:
+                    # an idle engine: requests of a burst (clients that send together) start in one prefill round
+                    end = time.monotonic() + self.gather_s
+                    while not self._stopping and (left := end - time.monotonic()) > 0:
+                        self._cv.wait(left)
                 pending = list(self._pending)
                 self._pending.clear()
             for job in pending:
