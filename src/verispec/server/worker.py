@@ -147,7 +147,8 @@ class Worker:
                 if self.scheduler.idle and self.gather_s:
                     # an idle engine: requests of a burst (clients that send together) start in one prefill round
                     end = time.monotonic() + self.gather_s
-                    while not self._stopping and (left := end - time.monotonic()) > 0:
+                    while (not self._stopping and len(self._pending) < self.scheduler.max_batch
+                           and (left := end - time.monotonic()) > 0):
                         self._cv.wait(left)
                 pending = list(self._pending)
                 self._pending.clear()
