@@ -86,3 +86,54 @@ def test_an_idle_worker_gathers_a_burst_into_one_round(gather_s, first_round):
     assert sizes[0] == first_round, sizes
     with pytest.raises(ValueError, match="gather_s"):
         Worker(engine, gather_s=-1)
+
+
+def test_the_worker_waits_for_a_burst_only_after_seeing_one():
+    """A lone request turns the gathering wait off (the next idle start runs at once); a request that starts alone
+    and sees two more arrive during its first round turns it back on, and the next burst shares its first round.
+    Rounds are slowed to 0.3 s so that the 50 ms-apart arrivals land inside the first round."""
+    from verispec.core.sampling import SamplingConfig
+    from verispec.runtime.types import Request
+    from verispec.server.worker import Job, Worker
+
+    engine = toy_engine("model", cache=False)
+    sizes: list[int] = []
+    step = engine.step
+
+    def slow_step(rows):
+        sizes.append(len(rows))
+        time.sleep(0.3)
+        return step(rows)
+
+    engine.step = slow_step  # type: ignore[method-assign]
+    finished = threading.Semaphore(0)
+
+    class Listener:
+        def admitted(self) -> None: ...
+        def rejected(self, exc: Exception) -> None: raise AssertionError(exc)
+        def tokens(self, ids, handle) -> None: ...
+        def done(self, handle) -> None: finished.release()
+
+    def send(k: int) -> None:
+        for i in range(k):
+            worker.submit(Job(lambda e, i=i: Request([1 + i, 2, 3], sampling=SamplingConfig(temperature=0),
+                                                     max_new_tokens=4, gamma=1), Listener()))
+            time.sleep(0.05)
+        for _ in range(k):
+            assert finished.acquire(timeout=60)
+
+    worker = Worker(engine, max_batch=4, gather_s=0.5)
+    assert worker.gathering
+    worker.start()
+    try:
+        send(1)
+        assert not worker.gathering  # one request alone: nothing was gained by waiting
+        sizes.clear()
+        send(3)
+        assert sizes[0] == 1 and worker.gathering, sizes  # started at once; two more came during its first round
+        sizes.clear()
+        send(3)
+        assert sizes[0] == 3, sizes  # gathered again
+    finally:
+        worker.stop()
+    assert not Worker(engine, gather_s=0).gathering

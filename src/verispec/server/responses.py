@@ -45,6 +45,15 @@ def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult
             "schedule": m.schedule,
             "budget": m.budget,
         },
+        # the engine's own clock (seconds): from the row's start (its prompt tokenized) to its first token and to
+        # its end; the target, draft and verification phases as in RequestMetrics (a batched forward counts fully)
+        "timings": {
+            "time_to_first_token_s": m.time_to_first_token_s,
+            "total_s": m.total_s,
+            "target_s": m.target_s,
+            "draft_s": m.draft_s,
+            "verify_s": m.verify_s,
+        },
     }
 
 

@@ -19,7 +19,10 @@ allocated at admission), so the worker keeps no queue of its own beyond the jobs
 
 An idle worker that receives a request waits ``gather_s`` (:data:`GATHER_S`, 20 ms) before its first round, so that
 requests sent together start together (one prefill round, rows that finish together) instead of one joining per
-round behind the first; a busy worker admits between rounds as they come.
+round behind the first; a busy worker admits between rounds as they come. It waits only while requests have been
+seen to come in bursts: an idle start whose requests (those gathered plus those that arrived during its first
+round) were one alone turns the wait off, so that a client sending one request at a time never pays it; an idle
+start that did not wait and saw others arrive during its first round turns it back on.
 
 A round that raises fails only the rows of that round (the Scheduler marks them and re-raises); the worker
 counts it and goes on. A listener that raises is logged and ignored.
@@ -95,6 +98,9 @@ class Worker:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.round_failures = 0
+        #: whether the next idle start waits ``gather_s`` (see the module docstring)
+        self.gathering = gather_s > 0
+        self._burst: int | None = None  # requests of the current idle start, counted until its first round ended
 
     # -- called from any thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,12 +150,14 @@ class Worker:
                     self._cv.wait()
                 if self._stopping:
                     break
-                if self.scheduler.idle and self.gather_s:
-                    # an idle engine: requests of a burst (clients that send together) start in one prefill round
-                    end = time.monotonic() + self.gather_s
-                    while (not self._stopping and len(self._pending) < self.scheduler.max_batch
-                           and (left := end - time.monotonic()) > 0):
-                        self._cv.wait(left)
+                if self.scheduler.idle:
+                    if self.gathering:
+                        # requests of a burst (clients that send together) start in one prefill round
+                        end = time.monotonic() + self.gather_s
+                        while (not self._stopping and len(self._pending) < self.scheduler.max_batch
+                               and (left := end - time.monotonic()) > 0):
+                            self._cv.wait(left)
+                    self._burst = len(self._pending)
                 pending = list(self._pending)
                 self._pending.clear()
             for job in pending:
@@ -163,6 +171,10 @@ class Worker:
                     log.exception("an engine round failed; its requests get the error, the server goes on")
                     if self._on_round_error is not None:
                         self._safe(self._on_round_error, exc)
+            if self._burst is not None:  # the first round after an idle start has run: who came meanwhile
+                with self._cv:
+                    self.gathering = self.gather_s > 0 and self._burst + len(self._pending) > 1
+                self._burst = None
             self._call_observe()
         self._shutdown()
 
