@@ -80,6 +80,9 @@ class Sample:
     tokens: int
     ttft_s: float
     latency_s: float
+    rounds: int | None = None  # engine rounds the request took (server: from the response's verispec block)
+    gamma_counts: dict | None = None  # rounds per drafted depth (0: a plain round), the schedule's choices
+    engine_s: float | None = None  # the engine's own clock from admission to the end (server: verispec.timings)
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Level:
 
     def summary(self) -> dict:
         lat = sorted(s.latency_s for s in self.samples)
+        rounds = [s.rounds for s in self.samples]
         return {
             "path": self.path,
             "concurrency": self.concurrency,
@@ -101,6 +105,12 @@ class Level:
             "ttft_p50_s": statistics.median(s.ttft_s for s in self.samples),
             "latency_p50_s": statistics.median(lat),
             "latency_p99_s": percentile(lat, 0.99),
+            # the paths' engines keep their own gamma schedules: equal tokens per round means equal speculation
+            "tokens_per_round": (sum(s.tokens for s in self.samples) / sum(rounds)  # type: ignore[arg-type]
+                                 if None not in rounds else None),
+            # latency minus engine time = what lies outside the engine (HTTP, streaming, the client)
+            "engine_p50_s": (statistics.median(s.engine_s for s in self.samples)  # type: ignore[type-var]
+                             if all(s.engine_s is not None for s in self.samples) else None),
         }
 
 
@@ -149,7 +159,9 @@ def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, 
                     handles.append(submit(queue.pop(0)))
     wall = time.perf_counter() - t0
     samples = [Sample(h.result.text, len(h.result.token_ids), first[h.id] - start[h.id],
-                      finished[h.id] - start[h.id]) for h in handles]
+                      finished[h.id] - start[h.id], h.result.metrics.rounds, h.result.metrics.gamma_counts,
+                      h.result.metrics.total_s)
+               for h in handles]
     return Level("direct", c, len(prompts), wall, samples)
 
 
@@ -160,8 +172,8 @@ def run_generate(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig
     results = engine.generate(prompts, sampling=cfg, max_new_tokens=n, seed=0, chat=True, batch_size=c,
                               gamma=SERVING_GAMMA)
     wall = time.perf_counter() - t0
-    samples = [Sample(r.text, len(r.token_ids), r.metrics.time_to_first_token_s or 0.0, r.metrics.total_s)
-               for r in results]
+    samples = [Sample(r.text, len(r.token_ids), r.metrics.time_to_first_token_s or 0.0, r.metrics.total_s,
+                      r.metrics.rounds, r.metrics.gamma_counts, r.metrics.total_s) for r in results]
     return Level("generate", c, len(prompts), wall, samples)
 
 
@@ -177,7 +189,7 @@ def run_server(url: str, model: str, prompts: list[str], c: int, temperature: fl
         start.wait()
         for i in range(k, len(prompts), c):
             t0 = time.perf_counter()
-            ttft, parts, tokens = None, [], 0
+            ttft, parts, tokens, metrics, timings = None, [], 0, {}, {}
             stream = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": prompts[i]}], max_tokens=n,
                 temperature=temperature, seed=0, stream=True, stream_options={"include_usage": True})
@@ -187,7 +199,10 @@ def run_server(url: str, model: str, prompts: list[str], c: int, temperature: fl
                     parts.append(chunk.choices[0].delta.content)
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
-            results[i] = Sample("".join(parts), tokens, ttft or 0.0, time.perf_counter() - t0)
+                if (block := (chunk.model_extra or {}).get("verispec")) is not None:
+                    metrics, timings = block["metrics"], block["timings"]
+            results[i] = Sample("".join(parts), tokens, ttft or 0.0, time.perf_counter() - t0,
+                                metrics.get("rounds"), metrics.get("gamma_counts"), timings.get("total_s"))
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(c) as pool:
@@ -204,7 +219,8 @@ def report(level: Level, rows: list[dict], raw: list[dict]) -> Level:
     raw.append(asdict(level))
     print(f"C={r['concurrency']:<3} {r['path']:<8} {r['requests']} req  {r['requests_per_s']:.3f} req/s  "
           f"{r['tokens_per_s']:.2f} tok/s  ttft p50 {r['ttft_p50_s']:.2f} s  "
-          f"latency p50 {r['latency_p50_s']:.2f} s  p99 {r['latency_p99_s']:.2f} s", flush=True)
+          f"latency p50 {r['latency_p50_s']:.2f} s  p99 {r['latency_p99_s']:.2f} s  "
+          f"engine p50 {fmt(r['engine_p50_s'])} s  tokens/round {fmt(r['tokens_per_round'])}", flush=True)
     return level
 
 
@@ -214,12 +230,16 @@ def combine(levels: list[Level]) -> Level:
                  sum(lv.wall_s for lv in levels), [s for lv in levels for s in lv.samples])
 
 
+def fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], ratios: dict[int, list[float]],
              load: list[float], backends: dict) -> str:
     lines = [
         "| concurrency | path | requests | req/s | tok/s | req/s vs direct (per repeat) | TTFT p50 (s) | "
-        "latency p50 (s) | latency p99 (s) | same text as direct |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "latency p50 (s) | latency p99 (s) | engine time p50 (s) | tokens per round | same text as direct |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["concurrency"], r["path"]): r for r in rows}
     for c in args.levels:
@@ -233,6 +253,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], 
                 vs += f" ({', '.join(f'{x:.2f}' for x in ratios[c])})"
             lines.append(f"| {c} | {path} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.2f} | "
                          f"{vs} | {r['ttft_p50_s']:.2f} | {r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | "
+                         f"{fmt(r['engine_p50_s'])} | {fmt(r['tokens_per_round'])} | "
                          f"{equal[c] if path == 'server' else '-'} |")
     head = (f"Real pair ({models.DEFAULT_TARGET} / {models.DEFAULT_DRAFT}; target backend "
             f"{backends['target_backend']}, drafter {backends['drafter']}, {args.threads} threads), "
