@@ -33,6 +33,7 @@ import json
 import math
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -129,7 +130,8 @@ def on_thread(fn: Callable[..., Level], *args: object) -> Level:
     return _ENGINE_THREAD.submit(fn, *args).result()
 
 
-def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int) -> Level:
+def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int,
+               gamma: int | str = SERVING_GAMMA) -> Level:
     """The engine through its Scheduler, closed loop: c requests in the batch, the next submitted when one ends
     (what the server does, minus HTTP); latency and TTFT from submission."""
     sched = Scheduler(engine, max_batch=c)
@@ -141,7 +143,7 @@ def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, 
         first.setdefault(h.id, time.perf_counter())
 
     def submit(p: str) -> Handle:
-        h = sched.submit(Request(p, sampling=cfg, max_new_tokens=n, seed=0, chat=True, gamma=SERVING_GAMMA),
+        h = sched.submit(Request(p, sampling=cfg, max_new_tokens=n, seed=0, chat=True, gamma=gamma),
                          on_tokens=on_tokens)
         start[h.id] = time.perf_counter()
         return h
@@ -165,19 +167,78 @@ def run_direct(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, 
     return Level("direct", c, len(prompts), wall, samples)
 
 
-def run_generate(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int) -> Level:
+class DirectProcess:
+    """The direct path in a process of its own (``--direct-process``): this script with ``--direct-worker`` loads the
+    engine as ``verispec serve`` does and runs :func:`run_direct` for each JSON line it reads, answering with the
+    Level as one JSON line. With the server in its own process too, both engines live in processes set up alike
+    and this one only sends requests and keeps time."""
+
+    def __init__(self, args: argparse.Namespace, target_backend: str, drafter: str) -> None:
+        cmd = [sys.executable, __file__, "--direct-worker", "--levels", ",".join(map(str, args.levels)), "--threads",
+               str(args.threads), "--dtype", args.dtype, "--target-backend", target_backend, "--drafter", drafter]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        if not ready.startswith("ready "):
+            raise RuntimeError("the direct worker did not start")
+        self.backends: dict = json.loads(ready[len("ready "):])
+
+    def run(self, prompts: list[str], c: int, temperature: float, n: int, gamma: int | str) -> Level:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        job = {"prompts": prompts, "c": c, "temperature": temperature, "n": n, "gamma": gamma}
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the direct worker exited")
+        d = json.loads(line)
+        return Level(d["path"], d["concurrency"], d["requests"], d["wall_s"], [Sample(**x) for x in d["samples"]])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def direct_worker(args: argparse.Namespace) -> None:
+    """The child of :class:`DirectProcess`: one engine, one run of the closed loop per request line."""
+    torch.set_num_threads(args.threads)
+    engine = make_engine(args, args.target_backend, args.drafter)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # only the protocol's lines go to the parent
+    out.write(f"ready {json.dumps(engine.backends)}\n")
+    out.flush()
+    for line in sys.stdin:
+        job = json.loads(line)
+        level = on_thread(run_direct, engine, job["prompts"], job["c"], SamplingConfig(temperature=job["temperature"]),
+                          job["n"], job["gamma"])
+        out.write(json.dumps(asdict(level)) + "\n")
+        out.flush()
+
+
+def make_engine(args: argparse.Namespace, target_backend: str, drafter: str) -> Engine:
+    """The engine as ``verispec serve`` loads it (rows for the highest level)."""
+    return load_engine(models.DEFAULT_TARGET, models.DEFAULT_DRAFT if DRAFTERS[drafter].uses_draft_model else None,
+                       drafter, args.dtype, args.threads, target_backend=target_backend, max_rows=max(args.levels))
+
+
+def run_generate(engine: Engine, prompts: list[str], c: int, cfg: SamplingConfig, n: int,
+                 gamma: int | str = SERVING_GAMMA) -> Level:
     """Engine.generate on the list of prompts with batch_size = c (every prompt submitted at once); its metrics'
     latency and TTFT count from submission, so they include waiting for a batch slot."""
     t0 = time.perf_counter()
     results = engine.generate(prompts, sampling=cfg, max_new_tokens=n, seed=0, chat=True, batch_size=c,
-                              gamma=SERVING_GAMMA)
+                              gamma=gamma)
     wall = time.perf_counter() - t0
     samples = [Sample(r.text, len(r.token_ids), r.metrics.time_to_first_token_s or 0.0, r.metrics.total_s,
                       r.metrics.rounds, r.metrics.gamma_counts, r.metrics.total_s) for r in results]
     return Level("generate", c, len(prompts), wall, samples)
 
 
-def run_server(url: str, model: str, prompts: list[str], c: int, temperature: float, n: int) -> Level:
+def run_server(url: str, model: str, prompts: list[str], c: int, temperature: float, n: int,
+               gamma: int | str = SERVING_GAMMA) -> Level:
     """c closed-loop clients (threads), each streaming its share of the prompts one after another."""
     results: list[Sample | None] = [None] * len(prompts)
 
@@ -192,7 +253,8 @@ def run_server(url: str, model: str, prompts: list[str], c: int, temperature: fl
             ttft, parts, tokens, metrics, timings = None, [], 0, {}, {}
             stream = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": prompts[i]}], max_tokens=n,
-                temperature=temperature, seed=0, stream=True, stream_options={"include_usage": True})
+                temperature=temperature, seed=0, stream=True, stream_options={"include_usage": True},
+                extra_body={"speculative": {"gamma": gamma}})
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
@@ -257,6 +319,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], 
                          f"{equal[c] if path == 'server' else '-'} |")
     head = (f"Real pair ({models.DEFAULT_TARGET} / {models.DEFAULT_DRAFT}; target backend "
             f"{backends['target_backend']}, drafter {backends['drafter']}, {args.threads} threads), "
+            f"gamma {args.gamma}, "
             f"{args.max_new_tokens} new tokens, temperature {args.temperature}, short chat prompts, {args.repeats} "
             f"repeat(s) per level with the paths' order alternated; load average (1 min) before / after: "
             f"{load[0]:.2f} / {load[1]:.2f}.")
@@ -264,11 +327,13 @@ def markdown(rows: list[dict], args: argparse.Namespace, equal: dict[int, str], 
 
 
 @contextlib.contextmanager
-def serve(engine: Engine, args: argparse.Namespace, target_backend: str, drafter: str) -> Iterator[SimpleNamespace]:
+def serve(engine: Engine | None, args: argparse.Namespace, target_backend: str,
+          drafter: str) -> Iterator[SimpleNamespace]:
     """The server under test at ``.url``: ``create_app`` on this process's engine under uvicorn on a thread, or with
     ``--server-process`` ``verispec serve`` with the same settings as a process of its own (its own engine: the
     clients' and the direct path's Python then do not share the server's interpreter lock)."""
     if not args.server_process:
+        assert engine is not None
         app = create_app(engine, model_name=models.DEFAULT_TARGET, max_batch=max(args.levels), max_concurrency=64)
         with BackgroundServer(app, timeout_s=120) as srv:
             yield SimpleNamespace(url=srv.url)
@@ -293,44 +358,66 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", default=48, type=int)
     ap.add_argument("--temperature", default=0.0, type=float)
     ap.add_argument("--threads", default=2, type=int)
+    ap.add_argument("--gamma", default=SERVING_GAMMA, type=lambda v: v if v == "auto" else int(v),
+                    help="draft length on both paths (default: the server's, the adaptive schedule; a number takes "
+                         "the two engines' schedules, which learn apart, out of the comparison)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--target-backend", default=AUTO, help="as verispec serve (auto: llama.cpp when installed)")
     ap.add_argument("--drafter", default=AUTO, help="as verispec serve")
     ap.add_argument("--skip-generate", action="store_true", help="leave out the Engine.generate path")
     ap.add_argument("--server-process", action="store_true",
                     help="run the server as a process of its own (verispec serve), not on a thread of this one")
+    ap.add_argument("--direct-process", action="store_true",
+                    help="run the direct path's engine in a process of its own too (with --server-process: this "
+                         "process then holds no engine and only sends requests and keeps time)")
+    ap.add_argument("--direct-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
 
+    if args.direct_worker:
+        direct_worker(args)
+        return
+    if args.direct_process and not args.server_process:
+        ap.error("--direct-process needs --server-process (the in-process server runs on this process's engine)")
     import os
 
     load0 = os.getloadavg()[0]
     torch.set_num_threads(args.threads)
     target_backend, drafter = resolve_backends(args.target_backend, args.drafter)
-    engine = load_engine(models.DEFAULT_TARGET, models.DEFAULT_DRAFT if DRAFTERS[drafter].uses_draft_model else None,
-                         drafter, args.dtype, args.threads, target_backend=target_backend,
-                         max_rows=max(args.levels))
-    print(f"engine: {engine.backends}", flush=True)
     cfg = SamplingConfig(temperature=args.temperature)
+    engine: Engine | None = None
+    if args.direct_process:
+        child = DirectProcess(args, target_backend, drafter)
+        backends = child.backends
+
+        def direct_path(prompts: list[str], c: int, n: int) -> Level:
+            return child.run(prompts, c, args.temperature, n, args.gamma)
+    else:
+        engine = make_engine(args, target_backend, drafter)
+        backends = engine.backends
+
+        def direct_path(prompts: list[str], c: int, n: int) -> Level:
+            return on_thread(run_direct, engine, prompts, c, cfg, n, args.gamma)
+    print(f"engine: {backends}", flush=True)
     rows, equal, raw, ratios = [], {}, [], {}
     with serve(engine, args, target_backend, drafter) as srv:
         # warm-up (not measured): one request on each path
-        on_thread(run_direct, engine, PROMPTS[:1], 1, cfg, 8)
-        run_server(srv.url, models.DEFAULT_TARGET, PROMPTS[:1], 1, args.temperature, 8)
+        direct_path(PROMPTS[:1], 1, 8)
+        run_server(srv.url, models.DEFAULT_TARGET, PROMPTS[:1], 1, args.temperature, 8, args.gamma)
         for c in args.levels:
             prompts = [PROMPTS[i % len(PROMPTS)] for i in range(max(args.requests, c))]
             # Engine.generate differs from the closed loop only when requests wait for a slot
-            if len(prompts) > c and not args.skip_generate:
-                report(on_thread(run_generate, engine, prompts, c, cfg, args.max_new_tokens), rows, raw)
+            if len(prompts) > c and not args.skip_generate and engine is not None:
+                report(on_thread(run_generate, engine, prompts, c, cfg, args.max_new_tokens, args.gamma), rows, raw)
             runs: dict[str, list[Level]] = {"direct": [], "server": []}
             for rep in range(args.repeats):
                 for path in (("direct", "server") if rep % 2 == 0 else ("server", "direct")):
                     if path == "direct":
-                        lv = on_thread(run_direct, engine, prompts, c, cfg, args.max_new_tokens)
+                        lv = direct_path(prompts, c, args.max_new_tokens)
                     else:
                         lv = run_server(srv.url, models.DEFAULT_TARGET, prompts, c, args.temperature,
-                                        args.max_new_tokens)
+                                        args.max_new_tokens, args.gamma)
                     runs[path].append(lv)
                     raw.append({"repeat": rep, **asdict(lv)})
             direct, served = combine(runs["direct"]), combine(runs["server"])
@@ -345,14 +432,16 @@ def main() -> None:
                   f"same text as direct {equal[c]}", flush=True)
             if args.out:  # after every level, so that an interrupted run keeps what it measured
                 with open(args.out, "w") as f:
-                    json.dump({"args": vars(args), "backends": engine.backends, "rows": rows, "ratios": ratios,
+                    json.dump({"args": vars(args), "backends": backends, "rows": rows, "ratios": ratios,
                                "levels": raw}, f, indent=1)
+    if args.direct_process:
+        child.close()
     load = [load0, os.getloadavg()[0]]
-    table = markdown(rows, args, equal, ratios, load, engine.backends)
+    table = markdown(rows, args, equal, ratios, load, backends)
     print(table)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "backends": engine.backends, "load_avg_1min": load, "rows": rows,
+            json.dump({"args": vars(args), "backends": backends, "load_avg_1min": load, "rows": rows,
                        "ratios": ratios, "levels": raw}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
