@@ -52,88 +52,83 @@ def test_streaming_clients_that_hang_up_leave_the_server_whole():
     assert report["health"] == 200
 
 
+class CountingWorker:
+    """A worker over the toy engine whose rounds record how many rows they ran (each slowed by ``step_s``), and
+    ``send(k)``: k requests handed over 50 ms apart, waiting until all are done."""
+
+    def __init__(self, gather_s: float, step_s: float = 0.0, max_new_tokens: int = 40) -> None:
+        from verispec.server.worker import Worker
+
+        engine = toy_engine("model", cache=False)
+        self.sizes: list[int] = []
+        step = engine.step
+
+        def counted(rows):
+            self.sizes.append(len(rows))
+            time.sleep(step_s)
+            return step(rows)
+
+        engine.step = counted  # type: ignore[method-assign]
+        self.max_new_tokens = max_new_tokens
+        self.finished = threading.Semaphore(0)
+        self.worker = Worker(engine, max_batch=4, gather_s=gather_s)
+
+    def send(self, k: int) -> None:
+        from verispec.core.sampling import SamplingConfig
+        from verispec.runtime.types import Request
+        from verispec.server.worker import Job
+
+        finished = self.finished
+
+        class Listener:
+            def admitted(self) -> None: ...
+            def rejected(self, exc: Exception) -> None: raise AssertionError(exc)
+            def tokens(self, ids, handle) -> None: ...
+            def done(self, handle) -> None: finished.release()
+
+        for i in range(k):
+            self.worker.submit(Job(lambda e, i=i: Request([1 + i, 2, 3], sampling=SamplingConfig(temperature=0),
+                                                          max_new_tokens=self.max_new_tokens, gamma=1), Listener()))
+            time.sleep(0.05)
+        for _ in range(k):
+            assert finished.acquire(timeout=60)
+
+
 @pytest.mark.parametrize("gather_s,first_round", [(0.5, 3), (0.0, 1)])
 def test_an_idle_worker_gathers_a_burst_into_one_round(gather_s, first_round):
     """Three requests handed over 50 ms apart to an idle worker: with a gathering window longer than the burst
     they share the first round (one prefill round); without one, the first starts alone."""
-    from verispec.core.sampling import SamplingConfig
-    from verispec.runtime.types import Request
-    from verispec.server.worker import Job, Worker
+    from verispec.server.worker import Worker
 
-    engine = toy_engine("model", cache=False)
-    sizes: list[int] = []
-    step = engine.step
-    engine.step = lambda rows: (sizes.append(len(rows)), step(rows))[1]  # type: ignore[method-assign]
-    finished = threading.Semaphore(0)
-
-    class Listener:
-        def admitted(self) -> None: ...
-        def rejected(self, exc: Exception) -> None: raise AssertionError(exc)
-        def tokens(self, ids, handle) -> None: ...
-        def done(self, handle) -> None: finished.release()
-
-    worker = Worker(engine, max_batch=4, gather_s=gather_s)
-    worker.start()
+    w = CountingWorker(gather_s)
+    w.worker.start()
     try:
-        for i in range(3):
-            worker.submit(Job(lambda e, i=i: Request([1 + i, 2, 3], sampling=SamplingConfig(temperature=0),
-                                                     max_new_tokens=40, gamma=1), Listener()))
-            time.sleep(0.05)
-        for _ in range(3):
-            assert finished.acquire(timeout=60)
+        w.send(3)
     finally:
-        worker.stop()
-    assert sizes[0] == first_round, sizes
+        w.worker.stop()
+    assert w.sizes[0] == first_round, w.sizes
     with pytest.raises(ValueError, match="gather_s"):
-        Worker(engine, gather_s=-1)
+        Worker(w.worker.engine, gather_s=-1)
 
 
 def test_the_worker_waits_for_a_burst_only_after_seeing_one():
     """A lone request turns the gathering wait off (the next idle start runs at once); a request that starts alone
     and sees two more arrive during its first round turns it back on, and the next burst shares its first round.
     Rounds are slowed to 0.3 s so that the 50 ms-apart arrivals land inside the first round."""
-    from verispec.core.sampling import SamplingConfig
-    from verispec.runtime.types import Request
-    from verispec.server.worker import Job, Worker
+    from verispec.server.worker import Worker
 
-    engine = toy_engine("model", cache=False)
-    sizes: list[int] = []
-    step = engine.step
-
-    def slow_step(rows):
-        sizes.append(len(rows))
-        time.sleep(0.3)
-        return step(rows)
-
-    engine.step = slow_step  # type: ignore[method-assign]
-    finished = threading.Semaphore(0)
-
-    class Listener:
-        def admitted(self) -> None: ...
-        def rejected(self, exc: Exception) -> None: raise AssertionError(exc)
-        def tokens(self, ids, handle) -> None: ...
-        def done(self, handle) -> None: finished.release()
-
-    def send(k: int) -> None:
-        for i in range(k):
-            worker.submit(Job(lambda e, i=i: Request([1 + i, 2, 3], sampling=SamplingConfig(temperature=0),
-                                                     max_new_tokens=4, gamma=1), Listener()))
-            time.sleep(0.05)
-        for _ in range(k):
-            assert finished.acquire(timeout=60)
-
-    worker = Worker(engine, max_batch=4, gather_s=0.5)
-    assert worker.gathering
-    worker.start()
+    w = CountingWorker(gather_s=0.5, step_s=0.3, max_new_tokens=4)
+    assert w.worker.gathering
+    w.worker.start()
     try:
-        send(1)
-        assert not worker.gathering  # one request alone: nothing was gained by waiting
-        sizes.clear()
-        send(3)
-        assert sizes[0] == 1 and worker.gathering, sizes  # started at once; two more came during its first round
-        sizes.clear()
-        send(3)
-        assert sizes[0] == 3, sizes  # gathered again
+        w.send(1)
+        assert not w.worker.gathering  # one request alone: nothing was gained by waiting
+        w.sizes.clear()
+        w.send(3)
+        assert w.sizes[0] == 1 and w.worker.gathering, w.sizes  # started at once; two more came during its round
+        w.sizes.clear()
+        w.send(3)
+        assert w.sizes[0] == 3, w.sizes  # gathered again
     finally:
-        worker.stop()
-    assert not Worker(engine, gather_s=0).gathering
+        w.worker.stop()
+    assert not Worker(w.worker.engine, gather_s=0).gathering
