@@ -45,6 +45,7 @@ def test_toy_sweep_matches_golden():
 
 
 @pytest.mark.real
+@pytest.mark.one_thread  # the golden was recorded on one intra-op thread
 def test_real_pair_sweep_matches_golden(real_engine_fp32):
     skip_unless_real_pair()
     golden = json.loads((GOLDEN / "real_pair.json").read_text())

@@ -5,7 +5,6 @@ Skipped with a reason when the pair is not installed (``verispec models install`
 from __future__ import annotations
 
 import pytest
-import torch
 
 from verispec import SamplingConfig
 from verispec.drafters import NgramDrafter
@@ -27,19 +26,10 @@ def engine(real_engine_fp32) -> SpeculativeEngine:
 
 
 @pytest.mark.parametrize("idx", range(len(PROMPTS)))
-def test_real_pair_greedy_equals_target_greedy(engine, idx):
+def test_real_pair_greedy_equals_target_greedy(engine, target_greedy, idx):
     prompt = PROMPTS[idx]
     ids = engine.encode(prompt, chat=idx == 0)
-    model = engine.target.model
-    with torch.inference_mode():
-        ref = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=NEW_TOKENS,
-            eos_token_id=sorted(engine.eos_token_ids),
-            pad_token_id=sorted(engine.eos_token_ids)[0],
-        )[0, len(ids) :].tolist()
+    ref = target_greedy(ids, NEW_TOKENS)
     out = engine.generate(ids, sampling=SamplingConfig(temperature=0), gamma=5, max_new_tokens=NEW_TOKENS)
     assert out.token_ids == ref
     assert out.metrics.drafted > 0 and out.metrics.accepted > 0  # a trained pair agrees on something
@@ -48,20 +38,12 @@ def test_real_pair_greedy_equals_target_greedy(engine, idx):
     assert out_ng.token_ids == ref
 
 
-def _reference(engine, ids, n):
-    with torch.inference_mode():
-        return engine.target.model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
-            max_new_tokens=n, eos_token_id=sorted(engine.eos_token_ids), pad_token_id=sorted(engine.eos_token_ids)[0],
-        )[0, len(ids) :].tolist()
-
-
-def test_real_pair_batch_rows_equal_target_greedy(engine):
+def test_real_pair_batch_rows_equal_target_greedy(engine, target_greedy):
     """A batch of 3 rows of different prompt lengths (fp32, greedy), two of them finishing early so that the
     third runs alone at the end: every row equals the target's own greedy decode."""
     ids = [engine.encode(p, chat=i == 0) for i, p in enumerate(PROMPTS)]
     lengths = [NEW_TOKENS, 6, 11]
-    refs = [_reference(engine, x, n) for x, n in zip(ids, lengths, strict=True)]
+    refs = [target_greedy(x, n) for x, n in zip(ids, lengths, strict=True)]
     outs = engine.generate(ids, sampling=SamplingConfig(temperature=0), gamma=5, max_new_tokens=lengths,
                            batch_size=2)  # the third row joins when the second leaves
     assert [o.token_ids for o in outs] == refs

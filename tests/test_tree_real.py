@@ -5,7 +5,6 @@ Skipped with a reason when the pair is not installed (``verispec models install`
 from __future__ import annotations
 
 import pytest
-import torch
 
 from verispec import SamplingConfig
 from verispec.drafters import TreeDrafter
@@ -22,17 +21,9 @@ def engine(real_engine_fp32) -> Engine:
     return real_engine_fp32  # tests/conftest.py: one fp32 load per session
 
 
-def test_real_pair_tree_greedy_equals_target_greedy(engine):
+def test_real_pair_tree_greedy_equals_target_greedy(engine, target_greedy):
     ids = engine.encode(PROMPT, chat=True)
-    with torch.inference_mode():
-        ref = engine.target.model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=NEW_TOKENS,
-            eos_token_id=sorted(engine.eos_token_ids),
-            pad_token_id=sorted(engine.eos_token_ids)[0],
-        )[0, len(ids) :].tolist()
+    ref = target_greedy(ids, NEW_TOKENS)
     greedy = SamplingConfig(temperature=0)
     for kw in (dict(depth=4, top_k=2), dict(depth=5, top_k=3, budget=10)):
         tree = Engine(engine.target, TreeDrafter(engine.drafter.backend, **kw), engine.tokenizer, engine.eos_token_ids)
