@@ -17,7 +17,7 @@ PROMPTS = [
     "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
     "The capital of France is",
 ]
-NEW_TOKENS = 24
+NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")

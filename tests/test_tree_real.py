@@ -13,7 +13,7 @@ from verispec.runtime.engine import Engine
 pytestmark = pytest.mark.real
 
 PROMPT = "Write a Python function `fib(n)` that returns the n-th Fibonacci number."
-NEW_TOKENS = 24
+NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
