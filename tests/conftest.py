@@ -2,15 +2,12 @@
 the tests of the real pair (a 1.5B fp32 forward is dominated by its matrix products), and one fp32 load of the real
 pair for every test that needs it (loading it costs tens of seconds)."""
 
-import os
-
 import pytest
 import torch
 
-torch.set_num_threads(1)
+from verispec.testing import REAL_THREADS
 
-#: intra-op threads for tests marked ``real`` (results are compared within a test, so any count is exact)
-REAL_THREADS = max(1, min(os.cpu_count() or 1, 8))
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ is missing.
 
 from __future__ import annotations
 
-import os
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,12 +23,12 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip ins
 from verispec.api import build_drafter, load_engine  # noqa: E402
 from verispec.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from verispec.runtime.engine import Engine  # noqa: E402
-from verispec.testing import chi_square_power  # noqa: E402
+from verispec.testing import REAL_THREADS, chi_square_power  # noqa: E402
 
 pytestmark = pytest.mark.real
 
 LOGIT_TOL = 1.0  # batch-shape tolerance of llama.cpp's logits (see tests/test_llamacpp_backend.py)
-T = max(1, min(os.cpu_count() or 1, 4))  # llama.cpp threads: the laws are compared within one engine
+T = REAL_THREADS  # llama.cpp threads: the laws are compared within one engine
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +126,11 @@ ALPHA = 1e-4
 SUPPORT_GAP = 0.5
 
 
+@contextmanager
 def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = True):
-    """prefix -> the backend's processed next-token distribution (float64), one row per call, cached. With
-    ``check_gap``, fail when the top-k boundary is a near-tie (the support would depend on the batch shape).
-    ``fn.close()`` frees its row."""
+    """prefix -> the backend's processed next-token distribution (float64), one row per call, cached; the row is
+    freed on leaving the block. With ``check_gap``, fail when the top-k boundary is a near-tie (the support would
+    depend on the batch shape)."""
     from verispec.core.sampling import process
 
     row, cache = backend.add_row(), {}
@@ -145,8 +146,10 @@ def _dist_fn(backend: LlamaCppBackend, cfg: SamplingConfig, check_gap: bool = Tr
             cache[prefix] = process(logits, cfg).double()
         return cache[prefix]
 
-    fn.close = lambda: backend.remove_row(row)  # type: ignore[attr-defined]  # free its sequence for the rows
-    return fn
+    try:
+        yield fn
+    finally:
+        backend.remove_row(row)
 
 
 def _pooled_chisquare(exact: dict, outs: list) -> float:
@@ -180,17 +183,16 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
     cfg = SamplingConfig(temperature=1.0, top_k=2)
     prompt = tuple(engine.encode("Name a prime number.", chat=True))
     d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
-    p_fn = _dist_fn(engine.target, cfg)
-    q_fn = _dist_fn(d.backend, cfg, check_gap=False)  # q's support may move: the verifier gets the q it drew from
-    exact = sequence_distribution("lossless", p_fn, q_fn, 2, 2, prompt)
-    plain = sequence_distribution("lossless", p_fn, None, 2, 2, prompt)
+    # q's support may move (no gap check): the verifier gets the q it drew from
+    with _dist_fn(engine.target, cfg) as p_fn, _dist_fn(d.backend, cfg, check_gap=False) as q_fn:
+        exact = sequence_distribution("lossless", p_fn, q_fn, 2, 2, prompt)
+        plain = sequence_distribution("lossless", p_fn, None, 2, 2, prompt)
+        naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 2, prompt)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9) and len(exact) <= 4
     assert max(abs(exact.get(k, 0) - v) for k, v in plain.items()) < 1e-9  # lossless: the target's own law
-    naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 2, prompt)
     power = chi_square_power(exact, naive, N_SEQ, ALPHA)
     assert power > 0.99, f"naive resampling would not be detected (power {power:.3f})"
 
-    p_fn.close(), q_fn.close()
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
     outs = spec.generate([list(prompt)] * N_SEQ, sampling=cfg, gamma=2, max_new_tokens=2, seed=list(range(N_SEQ)),
                          batch_size=8)
@@ -215,16 +217,14 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
     cfg = SamplingConfig(temperature=1.0, top_k=2)
     prompt = tuple(engine.encode("What is 2+2?", chat=True))
     d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
-    p_fn = _dist_fn(engine.target, cfg)
-    q_fn = _dist_fn(d.backend, cfg, check_gap=False)
-    plain = sequence_distribution("lossless", p_fn, None, 2, 3, prompt)
-    hsd = sequence_distribution("lossless", p_fn, q_fn, 2, 3, prompt, verifier="hsd")
+    with _dist_fn(engine.target, cfg) as p_fn, _dist_fn(d.backend, cfg, check_gap=False) as q_fn:
+        plain = sequence_distribution("lossless", p_fn, None, 2, 3, prompt)
+        hsd = sequence_distribution("lossless", p_fn, q_fn, 2, 3, prompt, verifier="hsd")
+        naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 3, prompt)
     assert max(abs(hsd.get(k, 0) - v) for k, v in plain.items()) < 1e-9
-    naive = sequence_distribution("naive-resample", p_fn, q_fn, 2, 3, prompt)
     power = chi_square_power(plain, naive, N_HSD, ALPHA)
     assert power > 0.85, f"naive resampling would not be detected (power {power:.3f})"
 
-    p_fn.close(), q_fn.close()
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
     outs = spec.generate([list(prompt)] * N_HSD, sampling=cfg, gamma=2, max_new_tokens=3, seed=list(range(N_HSD)),
                          batch_size=8, verifier="hsd")

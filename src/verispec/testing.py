@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from verispec.eval.tasks.toy import ALPHABET
 from verispec.runtime.engine import Engine
 
 __all__ = [
+    "REAL_THREADS",
     "RULE_CONFIGS",
     "TOY_ENGINES",
     "ToyTokenizer",
@@ -29,6 +31,10 @@ __all__ = [
     "toy_engine",
     "toy_model",
 ]
+
+#: intra-op (torch) and llama.cpp threads for tests of the real pair: every core up to 8 (their results are compared
+#: within one test, so any count is exact)
+REAL_THREADS = max(1, min(os.cpu_count() or 1, 8))
 
 #: one representative parameterization per rule configuration (truncation rules with both corrections, both
 #: realizations of the unnormalized-reference rules, typical's ratio reading, a baseline truncating its draft);
