@@ -597,3 +597,101 @@ def test_a_new_requests_first_probe_is_priced_by_the_drafts_prefill():
     assert second == [0] * 200 and s.probes == 0 and s.probe_spent_s == 0
     s._zeros, s.ingest_s_per_token, s.catch_up = s._interval, None, 316  # the same due probe, unpriced: it runs
     assert s.choose() >= 1
+
+
+# -- rows that find nothing to draft, and where a new row starts ---------------------------------------------------
+def test_expected_tokens_with_a_hit_rate():
+    """1 + hit * sum_{i=1}^{gamma} alpha^i: a round without a draft yields the target's one token."""
+    for alpha, g, hit in ((0.6, 3, 0.5), (0.9, 5, 0.0), (0.3, 0, 0.7)):
+        assert expected_tokens(alpha, g, hit) == pytest.approx(1 + hit * (expected_tokens(alpha, g) - 1))
+    assert expected_tokens(0.9, 5, 0.0) == 1.0
+
+
+def test_rounds_without_a_draft_lower_the_hit_rate_not_alpha():
+    """A row asked for 4 tokens that drafts none in every other round: alpha follows only the rounds that drafted
+    (all accepted here), hit is the running share of rounds that drafted; a round not asked to draft moves
+    neither."""
+    s = AdaptiveGamma(gamma_max=8, alpha=0.5)
+    for i in range(200):
+        s.observe_acceptance(4 if i % 2 else 0, 4 if i % 2 else 0, asked=4)
+    assert s.alpha > 0.99 and s.hit == pytest.approx(0.5, abs=0.06)
+    assert s.drafted_rounds == 100 and s.asked_rounds == 200
+    before = (s.alpha, s.hit)
+    s.observe_acceptance(0, 0, asked=0)
+    s.observe_acceptance(0, 0)
+    assert (s.alpha, s.hit) == before
+
+
+def test_batch_decision_counts_rows_that_find_no_draft():
+    """Four rows at alpha 0.55 on a CPU-like cost (a 2-token block costs 1.3 plain steps, drafts free): drafting one
+    token pays if every row drafts (4 * 1.55 / 1.3 > 4), not if each finds a draft in 40% of its rounds
+    (4 * (1 + 0.4 * 0.55) / 1.3 < 4); the decision is the argmax of the batch's expected tokens per second."""
+    s = AdaptiveGamma(gamma_max=4)
+    s.c_draft, s.c_target, s.block_s = 0.0, 0.25, {1: 0.25, 2: 0.325, 5: 0.8}
+    assert s.best([0.55] * 4) >= 1
+    assert s.best([0.55] * 4, hits=[0.4] * 4) == 0
+    for hits in ([1.0, 0.4, 0.4, 0.4], [0.9, 0.8, 0.7, 1.0]):
+        rates = [sum(expected_tokens(0.55, g, h) for h in hits) / s.round_cost(g) for g in range(5)]
+        assert s.best([0.55] * 4, hits=hits) == max(range(5), key=lambda g: (rates[g], -g))
+    with pytest.raises(ValueError, match="hit"):
+        s.rate(1, [0.5, 0.5], hits=[1.0])
+
+
+def test_prompt_lookup_rows_without_matches_stop_pulling_the_batch_to_draft():
+    """Prompt lookup under gamma='auto' with four rows, simulated costs (a round of depth g costs 1 + 0.3 g plain
+    steps): two rows always find a match and accept its first token in every other round (alpha about 0.5 or
+    less), two never find one (no repeated token). Their hit rate falls towards 0, their alpha stays at the prior
+    (nothing measured it), and the schedule settles on 0 drafts: one draft gives at most 2 * 1.5 + 2 = 5 tokens for
+    1.3 steps, below 4 plain tokens a step. Counted as rows accepting at the prior 0.7 (hit 1, as before), the same
+    estimates would still say drafting pays."""
+    from verispec.core.rules import get
+    from verispec.drafters import NgramDrafter
+    from verispec.drafters.base import DraftRequest
+
+    d = NgramDrafter(max_ngram=1, gamma_max=4)
+    cfg, rule = SamplingConfig(temperature=0.0), get("lossless")
+    hist = {1: [5, 6] * 20, 2: [5, 6] * 20, 3: list(range(100, 140)), 4: list(range(200, 240))}
+    for k in hist:
+        d.add_row(k, "auto")
+    gammas = []
+    for rnd in range(300):
+        reqs = [DraftRequest(k, list(ids), 64, cfg, rule) for k, ids in hist.items()]
+        props = d.propose(reqs)
+        depth = max(len(p) for p in props)
+        gammas.append(depth)
+        for k, p in zip(hist, props, strict=True):
+            d.update(k, p, min(len(p), rnd % 2), target_s=0.25 * (1 + 0.3 * depth))
+        for k in (3, 4):  # fresh tokens: still no match next round
+            hist[k].append(hist[k][-1] + 1)
+    rows = [d._gamma[k] for k in hist]
+    assert rows[2].hit < 0.2 and rows[2].drafted_rounds == 0 and rows[2].alpha == 0.7
+    assert rows[0].hit == 1.0 and rows[0].alpha <= 0.6
+    assert gammas[-50:].count(0) >= 48
+    assert d.schedule(4).best([r.alpha for r in rows]) >= 1  # without the hit rates: drafting would look worth it
+
+
+def test_a_new_row_starts_from_the_rows_that_finished():
+    """A row that measured alpha near 0 and hit 0.5 moves the prior of the next row by its weight; a row that never
+    drafted (alpha unmeasured) leaves the prior's alpha where it was; kinds of estimate keep priors of their own."""
+    from verispec.drafters.base import BaseDrafter, RowPrior
+
+    d = BaseDrafter(gamma_max=8)
+    d.add_row(1, "auto")
+    est = d._gamma[1]
+    for i in range(100):
+        est.observe_acceptance(3 if i % 2 else 0, 0, asked=3)
+    d.remove_row(1)
+    prior = RowPrior()
+    w = prior.weight
+    d.add_row(2, "auto")
+    assert d._gamma[2].alpha == pytest.approx(0.7 + w * (est.alpha - 0.7))
+    assert d._gamma[2].hit == pytest.approx(1.0 + w * (est.hit - 1.0))
+    alpha2 = d._gamma[2].alpha
+    d._gamma[2].observe_acceptance(0, 0, asked=2)  # asked, drafted nothing: hit measured, alpha not
+    d.remove_row(2)
+    d.add_row(3, "auto")
+    assert d._gamma[3].alpha == pytest.approx(alpha2) and d._gamma[3].hit < prior.hit
+    assert d.new_estimate("lookup").alpha == 0.7  # another kind: its own prior
+    d.add_row(4, 3)
+    d.remove_row(4)  # a constant-gamma row has no estimate to pool
+    assert d.new_estimate().alpha == pytest.approx(alpha2)

@@ -33,6 +33,12 @@ schedule that has neither seen a draft take in a prompt nor probed runs its firs
 A backend's block-cost curve (llama.cpp's, measured once on some machine) is a prior for the shape only: block
 lengths this schedule has run are priced at what they cost here.
 
+Rows that find nothing to draft. A token-only drafter (prompt lookup) asked for gamma tokens may find no match and
+draft none: that round yields the one target token whatever gamma was asked, and says nothing about alpha. So each
+row also keeps ``hit``, the running share of its rounds asked to draft in which it drafted anything, and a row's
+expected tokens are 1 + hit * sum_{i=1}^{gamma} alpha^i; without it a row that rarely matches would count as a row
+accepting at its last (or prior) alpha and pull a batch's decision towards drafting.
+
 The first update of a schedule is taken to be the row's first round, whose target and draft times include the
 prompt's prefill: its times are not folded into the costs (its acceptance is).
 
@@ -61,9 +67,11 @@ BlockLen = Callable[[int], int]
 FIRST_GAMMA = 2
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Expected tokens per round, sum_{i=0}^{gamma} alpha^i (Leviathan et al., Eq. 1 form)."""
-    return sum(alpha**i for i in range(gamma + 1))
+def expected_tokens(alpha: float, gamma: int, hit: float = 1.0) -> float:
+    """Expected tokens per round, sum_{i=0}^{gamma} alpha^i (Leviathan et al., Eq. 1 form); with ``hit`` < 1 (a
+    token-only drafter that finds no draft in a fraction 1 - hit of its rounds, which then yield the one target
+    token): 1 + hit * sum_{i=1}^{gamma} alpha^i."""
+    return 1.0 + hit * sum(alpha**i for i in range(1, gamma + 1))
 
 
 def interpolate_costs(points: dict[int, float], k: int) -> float:
@@ -180,6 +188,11 @@ class AdaptiveGamma:
         self._probing = False
         self.updates = 0
         self.probes = 0
+        #: of the rounds this row was asked to draft, the share in which it drafted anything (prompt lookup finds
+        #: no match in the others); a running average like alpha, 1 for drafters that always draft
+        self.hit = 1.0
+        self.drafted_rounds = 0  # rounds that measured alpha
+        self.asked_rounds = 0  # rounds that measured hit
 
     def target_seconds(self, k: int) -> float:
         """Estimated seconds of scoring a k-token block: the given curve times the unit cost, or the learned one."""
@@ -204,21 +217,22 @@ class AdaptiveGamma:
 
     def summary(self) -> dict[str, object]:
         """What the schedule believes now: acceptance, costs, the learned block costs, probes and anchors."""
-        return {"alpha": self.alpha, "c_draft_s": self.c_draft, "c_target_s": self.c_target,
+        return {"alpha": self.alpha, "hit": self.hit, "c_draft_s": self.c_draft, "c_target_s": self.c_target,
                 "block_s": dict(sorted(self.block_s.items())), "best": self.best(), "probes": self.probes,
                 "anchors": self.anchors, "curve": "given" if self.target_cost is not None else "learned",
                 "probe_cost_s": self.probe_cost_s, "probe_spent_s": self.probe_spent_s,
                 "probe_budget_s": self.budget_s, "ingest_s_per_token": self.ingest_s_per_token}
 
-    def best(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
+    def best(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None,
+             hits: Sequence[float] | None = None) -> int:
         """The gamma maximising expected tokens per second under the current estimates (no probing); ``alphas``:
-        the acceptances of the rows one decision serves (default: this schedule's own); ``block_len`` as in
-        :meth:`round_cost`."""
+        the acceptances of the rows one decision serves (default: this schedule's own), ``hits`` their shares of
+        rounds that draft anything (default 1 each); ``block_len`` as in :meth:`round_cost`."""
         if self.c_draft is None or self.c_target is None:
             return self.initial(alphas, block_len)
         best, best_rate = 0, 0.0
         for g in range(self.gamma_max + 1):
-            rate = self.rate(g, alphas, block_len)
+            rate = self.rate(g, alphas, block_len, hits)
             if rate > best_rate * (1 + 1e-12):
                 best, best_rate = g, rate
         return best
@@ -234,15 +248,16 @@ class AdaptiveGamma:
         length = block_len or self.block_len
         return best_gamma(alpha, self.gamma_max, lambda k: self.target_cost(length(k - 1)))  # type: ignore[misc]
 
-    def choose(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> int:
+    def choose(self, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None,
+               hits: Sequence[float] | None = None) -> int:
         """This round's gamma: :meth:`best`, after the anchor round and with the rare probes that keep alpha
-        measured while the schedule sits at 0 (module docstring). ``block_len`` as in :meth:`round_cost`."""
+        measured while the schedule sits at 0 (module docstring). ``block_len`` and ``hits`` as in :meth:`best`."""
         if self.c_draft is None or self.c_target is None:
             return self.initial(alphas, block_len)
         if self.target_cost is None and 1 not in self.block_s and not self.anchors:
             self.anchors += 1  # one plain round: the learned curve's anchor at k = 1
             return 0
-        g = self.best(alphas, block_len)
+        g = self.best(alphas, block_len, hits)
         if g > 0:
             self._zeros, self._interval = 0, self.probe_every
             return g
@@ -258,13 +273,20 @@ class AdaptiveGamma:
             self.probes += 1
             self._probing = True
             self._probe_tokens = tokens
-            return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self.rate(g, alphas, block_len)))
+            return max(1, max(range(1, self.gamma_max + 1), key=lambda g: self.rate(g, alphas, block_len, hits)))
         return 0
 
-    def rate(self, g: int, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None) -> float:
-        """Expected tokens per second of a round of depth ``g`` for the rows of ``alphas`` (needs the costs)."""
+    def rate(self, g: int, alphas: Sequence[float] | None = None, block_len: BlockLen | None = None,
+             hits: Sequence[float] | None = None) -> float:
+        """Expected tokens per second of a round of depth ``g`` for the rows of ``alphas`` whose shares of rounds
+        that draft anything are ``hits`` (default: 1 each; this schedule's own when ``alphas`` is None); needs the
+        costs."""
         cost = self.round_cost(g, block_len)
-        tokens = sum(expected_tokens(a, g) for a in (alphas or [self.alpha]))
+        if not alphas:
+            alphas, hits = [self.alpha], [self.hit]
+        if hits is not None and len(hits) != len(alphas):
+            raise ValueError(f"{len(alphas)} acceptances but {len(hits)} hit rates")
+        tokens = sum(expected_tokens(a, g, h) for a, h in zip(alphas, hits or [1.0] * len(alphas), strict=True))
         return tokens / cost if cost > 0 else float("inf")
 
     def _ema(self, old: float | None, new: float) -> float:
@@ -278,10 +300,16 @@ class AdaptiveGamma:
         if not first:
             self.observe_costs(drafted, draft_s, target_s, scored)
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
-        """Fold in one row's acceptance: ``accepted`` of ``drafted`` (depths, for a tree)."""
+    def observe_acceptance(self, drafted: int, accepted: int, asked: int | None = None) -> None:
+        """Fold in one row's acceptance: ``accepted`` of ``drafted`` (depths, for a tree); ``asked``: the depth
+        the round asked of it (None: not known), so that a round asked to draft that drafted nothing lowers
+        :attr:`hit` (its alpha is not measured)."""
         self.updates += 1
+        if asked is not None and asked > 0:
+            self.asked_rounds += 1
+            self.hit = self._ema(self.hit, 1.0 if drafted else 0.0)
         if drafted:
+            self.drafted_rounds += 1
             reached = min(drafted, accepted + 1)
             self.alpha = min(max(self._ema(self.alpha, accepted / reached), 0.0), 0.999)
 

@@ -11,7 +11,9 @@ verified round, and ``gamma="auto"`` works for every drafter: each auto row keep
 :class:`~verispec.core.schedule.AdaptiveGamma` per row), and one schedule per batch size (rows in the round) learns
 what a round costs and makes one decision for all the auto rows of a round, maximising the batch's expected tokens
 per second. Costs are shared across requests, so a new request starts with the costs its predecessors measured;
-a round in which some row ran its prompt's prefill is left out of the costs.
+a round in which some row ran its prompt's prefill is left out of the costs. So is acceptance, in a way: a new row
+starts from the acceptance and hit rate pooled from the rows that finished before it (:class:`RowPrior`), not from a
+fixed prior, since a row whose schedule sits at 0 may never draft to measure its own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from verispec.core.schedule import AdaptiveGamma
 from verispec.core.verify.tree import tree_depths
 from verispec.defaults import DEFAULT_GAMMA
 
-__all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "check_gamma"]
+__all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "RowPrior", "check_gamma"]
 
 
 def check_gamma(gamma: int | str | None) -> None:
@@ -122,12 +124,37 @@ class Drafter(Protocol):
 
 
 @dataclass
+class RowPrior:
+    """Where a new auto row's acceptance and hit rate start: a running average over the rows that finished,
+    each counted only for what it measured (a row that never drafted leaves alpha alone)."""
+
+    alpha: float = 0.7
+    hit: float = 1.0
+    #: weight of a finished row in the average
+    weight: float = 0.25
+
+    def new(self, gamma_max: int) -> AdaptiveGamma:
+        """A row's estimate, starting here."""
+        est = AdaptiveGamma(gamma_max, alpha=self.alpha)
+        est.hit = self.hit
+        return est
+
+    def retire(self, est: AdaptiveGamma) -> None:
+        """Fold in a finished row's estimate (which started from this prior, so only its measurements move it)."""
+        if est.drafted_rounds:
+            self.alpha += self.weight * (est.alpha - self.alpha)
+        if est.asked_rounds:
+            self.hit += self.weight * (est.hit - self.hit)
+
+
+@dataclass
 class _Round:
     """The round in flight: who decided it, which rows have yet to report, and its padded size."""
 
     schedule: AdaptiveGamma
     pending: set[int]
     prefill: bool
+    asked: dict[int, int] = field(default_factory=dict)  # row -> the depth it was asked to draft
     ingest: int = 0  # tokens the draft takes in before drafting (counted in a prefill round that drafts)
     depth: int = 0
     scored: int = 0
@@ -151,16 +178,26 @@ class BaseDrafter:
         self._costs: dict[int, AdaptiveGamma] = {}  # per batch size: what a round costs, and the decision
         self._fresh: set[int] = set()  # rows whose first round (the prompt's prefill) has not run yet
         self._round: _Round | None = None
+        self._priors: dict[str, RowPrior] = {}  # per kind of estimate: where new rows start
+
+    def new_estimate(self, kind: str = "row") -> AdaptiveGamma:
+        """A new row's acceptance estimate of one kind, started from the rows of that kind that finished."""
+        return self._priors.setdefault(kind, RowPrior()).new(self.gamma_max)
+
+    def retire_estimate(self, est: AdaptiveGamma | None, kind: str = "row") -> None:
+        """A finished row's estimate of one kind goes into the prior of the rows that follow."""
+        if isinstance(est, AdaptiveGamma):
+            self._priors.setdefault(kind, RowPrior()).retire(est)
 
     # -- rows ------------------------------------------------------------------------------------------------
     def add_row(self, key: int, gamma: int | str | None = None) -> None:
         check_gamma(gamma)
         gamma = self.default_gamma if gamma is None else gamma
-        self._gamma[key] = AdaptiveGamma(self.gamma_max) if gamma == "auto" else int(gamma)  # type: ignore[arg-type]
+        self._gamma[key] = self.new_estimate() if gamma == "auto" else int(gamma)  # type: ignore[arg-type]
         self._fresh.add(key)
 
     def remove_row(self, key: int) -> None:
-        self._gamma.pop(key, None)
+        self.retire_estimate(self._gamma.pop(key, None))  # type: ignore[arg-type]
         self._fresh.discard(key)
 
     def nodes(self, depth: int) -> int:
@@ -189,7 +226,7 @@ class BaseDrafter:
         sizes = sorted(self._costs)
         one = self._costs.get(1) or AdaptiveGamma(self.gamma_max, target_cost=self.target_cost)
         out = one.summary()
-        out.update(alpha=g.alpha, best=one.best([g.alpha]), batch_sizes=sizes)
+        out.update(alpha=g.alpha, hit=g.hit, best=one.best([g.alpha], hits=[g.hit]), batch_sizes=sizes)
         return out
 
     def lengths(self, requests: Sequence[DraftRequest]) -> list[int]:
@@ -207,10 +244,16 @@ class BaseDrafter:
         if sched is not None:
             # a prefill round that drafts shows what the draft pays to take in a prompt: it prices later probes
             ingest = self.catch_up(requests) if prefill and chosen > 0 else 0
-            self._round = _Round(sched, {r.key for r in requests}, prefill, ingest)
+            self._round = _Round(sched, {r.key for r in requests}, prefill,
+                                 {r.key: n for r, n in zip(requests, out, strict=True)}, ingest)
         else:
             self._round = None
         return out
+
+    def asked(self, key: int) -> int | None:
+        """The depth the round in flight asked of row ``key`` (None once the row has reported, or with no round)."""
+        rnd = self._round
+        return rnd.asked.get(key) if rnd is not None and key in rnd.pending else None
 
     def catch_up(self, requests: Sequence[DraftRequest]) -> int:
         """Tokens this drafter must take in before it can draft for ``requests`` (the most of any row): what a
@@ -219,7 +262,8 @@ class BaseDrafter:
 
     def decide(self, schedule: AdaptiveGamma, keys: Sequence[int]) -> int:
         """One depth for the auto rows ``keys`` of a round, by the schedule of its batch size."""
-        return schedule.choose([self._gamma[k].alpha for k in keys])  # type: ignore[union-attr]
+        rows = [self._gamma[k] for k in keys]
+        return schedule.choose([r.alpha for r in rows], hits=[r.hit for r in rows])  # type: ignore[union-attr]
 
     # -- rounds ----------------------------------------------------------------------------------------------
     def propose(self, requests: Sequence[DraftRequest]) -> list[Proposal]:
@@ -244,9 +288,9 @@ class BaseDrafter:
         reported, the round's costs go to the schedule that decided it (unless a row ran its prefill)."""
         self._fresh.discard(key)
         g = self._gamma.get(key)
-        if isinstance(g, AdaptiveGamma):
-            g.observe_acceptance(proposal.depth, accepted)
         rnd = self._round
+        if isinstance(g, AdaptiveGamma):
+            g.observe_acceptance(proposal.depth, accepted, self.asked(key))
         if rnd is None or key not in rnd.pending:
             return
         rnd.pending.discard(key)

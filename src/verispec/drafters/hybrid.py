@@ -83,14 +83,14 @@ class HybridDrafter(BaseDrafter):
         super().add_row(key, gamma)
         self.fallback.add_row(key, 0 if gamma == "auto" else gamma)  # lengths come from this drafter
         if isinstance(self._gamma[key], AdaptiveGamma):
-            self._lookup_alpha[key] = AdaptiveGamma(self.gamma_max)
-            self._model_alpha[key] = AdaptiveGamma(self.gamma_max)
+            self._lookup_alpha[key] = self.new_estimate("lookup")
+            self._model_alpha[key] = self.new_estimate("model")
 
     def remove_row(self, key: int) -> None:
         super().remove_row(key)
         self.fallback.remove_row(key)
-        self._lookup_alpha.pop(key, None)
-        self._model_alpha.pop(key, None)
+        self.retire_estimate(self._lookup_alpha.pop(key, None), "lookup")
+        self.retire_estimate(self._model_alpha.pop(key, None), "model")
 
     def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         out: list[Proposal | None] = []

@@ -142,11 +142,12 @@ class TreeDrafter(ModelDrafter):
     def add_row(self, key: int, gamma: int | str | None = None) -> None:
         super().add_row(key, gamma)
         if isinstance(self._gamma[key], AdaptiveGamma) and len(self.widths) > 1:
-            self._alpha_w[key] = {w: AdaptiveGamma(self.gamma_max) for w in self.widths}
+            self._alpha_w[key] = {w: self.new_estimate(f"width {w}") for w in self.widths}
 
     def remove_row(self, key: int) -> None:
         super().remove_row(key)
-        self._alpha_w.pop(key, None)
+        for w, est in self._alpha_w.pop(key, {}).items():
+            self.retire_estimate(est, f"width {w}")
         self._round_width.pop(key, None)
         self._path.pop(key, None)
 
