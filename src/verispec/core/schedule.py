@@ -58,13 +58,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
-__all__ = ["AdaptiveGamma", "best_gamma", "break_even_alpha", "expected_tokens", "interpolate_costs", "speedup"]
+__all__ = ["PRIOR_ALPHA", "AdaptiveGamma", "best_gamma", "break_even_alpha", "expected_tokens", "interpolate_costs",
+           "speedup"]
 
 CostCurve = Callable[[int], float]
 #: tokens the target scores in a round of a given depth
 BlockLen = Callable[[int], int]
 #: draft length of the first rounds when no block-cost curve is known yet (see :meth:`AdaptiveGamma.initial`)
 FIRST_GAMMA = 2
+#: acceptance assumed for a row nothing has measured yet
+PRIOR_ALPHA = 0.7
 
 
 def expected_tokens(alpha: float, gamma: int, hit: float = 1.0) -> float:
@@ -149,7 +152,7 @@ class AdaptiveGamma:
     None keeps a constant target cost per round. See the module docstring for probing and the first round.
     """
 
-    def __init__(self, gamma_max: int = 8, alpha: float = 0.7, decay: float = 0.1,
+    def __init__(self, gamma_max: int = 8, alpha: float = PRIOR_ALPHA, decay: float = 0.1,
                  target_cost: CostCurve | None = None, probe_every: int = 16, probe_max: int = 256,
                  block_len: BlockLen | None = None, overhead: float = 0.03) -> None:
         if gamma_max < 0:

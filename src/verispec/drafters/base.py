@@ -28,7 +28,7 @@ from verispec.backends.base import chain_parents, is_chain
 from verispec.core.constraint import Constraint
 from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
-from verispec.core.schedule import AdaptiveGamma
+from verispec.core.schedule import PRIOR_ALPHA, AdaptiveGamma
 from verispec.core.verify.tree import tree_depths
 from verispec.defaults import DEFAULT_GAMMA
 
@@ -128,7 +128,7 @@ class RowPrior:
     """Where a new auto row's acceptance and hit rate start: a running average over the rows that finished,
     each counted only for what it measured (a row that never drafted leaves alpha alone)."""
 
-    alpha: float = 0.7
+    alpha: float = PRIOR_ALPHA
     hit: float = 1.0
     #: weight of a finished row in the average
     weight: float = 0.25
