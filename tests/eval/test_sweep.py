@@ -405,6 +405,18 @@ def test_shards_split_added_methods_evenly(tmp_path, n):
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_shard_splits_into_two_shards_of_twice_as_many(tmp_path, n):
+    """Shard I of N is exactly shards I and I+N of 2N, so a shard that lags behind its twins can be finished by two
+    processes (``--shard I/2N`` and ``--shard I+N/2N``) without touching the units of the others."""
+    cfg = load_config(_write_toy(tmp_path / "toy.toml", seeds=(0, 1, 2), limit=3))
+    units = expand(cfg, {"toy": ["toy/0", "toy/1", "toy/2", "toy/3"]})
+    for i in range(n):
+        whole = [u.key for u in runner.shard_units(units, (i, n))]
+        halves = [u.key for j in (i, i + n) for u in runner.shard_units(units, (j, 2 * n))]
+        assert whole and sorted(whole) == sorted(halves) and len(set(halves)) == len(halves)
+
+
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "0/0", "-1/2"])
 def test_bad_shard_is_refused(text):
     with pytest.raises(ValueError, match="shard"):

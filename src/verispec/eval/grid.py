@@ -708,7 +708,8 @@ def shard_units(units: Sequence[WorkUnit], shard: tuple[int, int]) -> list[WorkU
     are dealt round-robin over the N shards, starting at shard ``block index mod N``. Every block's methods and
     every method's blocks are spread evenly, so a method added to a finished grid is split over the shards too
     (dealing every N-th unit of the grid gave all of a new method's units to one shard whenever the number of
-    methods was a multiple of N). The split depends only on the grid, so concurrent shards never overlap."""
+    methods was a multiple of N). The split depends only on the grid, so concurrent shards never overlap, and shard
+    I of N is exactly shards I and I+N of 2N (a lagging shard can be finished by two processes)."""
     i, n = shard
     out: list[WorkUnit] = []
     block, pos, prev = -1, 0, None
