@@ -171,3 +171,19 @@ def test_ceiling_rule_and_human_output():
     assert abs(out["reference_sum"] - sum(ref)) < TOL
     res = run("analyze", "--rule", "overshoot-ceiling", "--param", "lam=0.4", "--p", P5, "--q", Q5)
     assert res.exit_code == 0 and "sum(P)" in res.output and "TV(induced, cos-we(lam=0.4))" in res.output
+
+
+def test_budget_chooses_the_parameter():
+    """``--budget tv=EPS``: the analysed rule is the family at the chosen parameter, within EPS of p; the min-p cap
+    where no l fits (its kept excess on the min-p set is 0.2 > 0.1) is analysed as the lossless rule."""
+    out = analyze_json("--rule", "cos-we", "--p", P, "--q", Q, "--budget", "tv=0.1")
+    assert out["budget"]["param"] == "lam" and abs(out["budget"]["value"] - 0.75) < 1e-9
+    assert out["tv_to_p"] <= 0.1 + TOL
+    out = analyze_json("--rule", "overshoot-ceiling", "--param", "realization=residual", "--p", P, "--q", Q,
+                       "--budget", "tv=0.3")
+    assert abs(out["budget"]["value"] - 0.25) < 1e-9 and abs(out["tv_to_p"] - 0.3) < 1e-9
+    out = analyze_json("--rule", "minp-cap", "--param", "p_base=0.5", "--param", "realization=residual",
+                       "--p", P, "--q", Q, "--budget", "tv=0.1")
+    assert out["budget"]["value"] is None and close(out["induced"], [0.6, 0.3, 0.1])
+    res = run("analyze", "--rule", "overshoot-ceiling", "--p", P, "--q", Q, "--budget", "tv=0.1")
+    assert res.exit_code != 0 and "realization='residual'" in res.output

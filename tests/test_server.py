@@ -481,6 +481,8 @@ BAD = [
      "budget tv must be in [0, 1]", "verification.budget"),
     ("/v1/completions", {**COMP, "verification": {"rule": "cos-we", "budget": {"kl": 0.1}}}, 400,
      "unknown field(s) kl", "verification.budget"),
+    ("/v1/completions", {**COMP, "verification": {"rule": "overshoot-ceiling", "budget": {"tv": 0.1}}}, 400,
+     "needs realization='residual'", "verification.budget"),
     ("/v1/completions", {**COMP, "speculative": {"gamma": -1}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gamma": 1000}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gama": 3}}, 400, "unknown field 'speculative.gama'",

@@ -23,10 +23,13 @@ def test_budget_methods_expand_and_round_trip():
     labels = [m.label for m in cfg.methods]
     assert labels == ["lossless", "lenience(budget tv=0.02)", "lenience(budget tv=0.1)", "cos-we(budget tv_total=1.0)"]
     assert SweepConfig.from_json(cfg.to_json()).methods == cfg.methods
+    cap = _cfg([{"rule": "minp-cap", "params": {"p_base": 0.2, "realization": "residual"}, "budget": {"tv": 0.05}}])
+    assert cap.methods[1].params == (("p_base", 0.2), ("realization", "residual"))
     for bad, match in (([{"rule": "lossless", "budget": {"tv": 0.1}}], "budget: rule 'lossless' has no budget"),
                        ([{"rule": "lenience", "params": {"l": 0.3}, "budget": {"tv": 0.1}}], "both set the parameter"),
                        ([{"rule": "lenience", "budget": {"tv": 3}}], r"tv must be in \[0, 1\]"),
-                       ([{"rule": "lenience", "budget": 0.1}], "must be a table")):
+                       ([{"rule": "lenience", "budget": 0.1}], "must be a table"),
+                       ([{"rule": "overshoot-ceiling", "budget": {"tv": 0.1}}], "needs realization='residual'")):
         with pytest.raises(ValueError, match=match):
             _cfg(bad)
 

@@ -69,7 +69,7 @@ def _budget_round(rule: Rule, budget: Budget, p_fn: DistFn, q_fn: DistFn, g: int
     """One round under a divergence budget, as the engine runs it: at draft index k the rule's family with the
     most relaxed parameter within ``budget.allowance(spent, left - k)`` of p. Values: (probability, spent after
     the round); the spent budget is a function of the emitted tokens (each emitted position adds its TV)."""
-    fam = family_of(rule)
+    family_of(rule)  # a rule without a family (or the wrong realization) is refused here
     out: dict[tuple[int, ...], tuple[float, float]] = {}
 
     def add(key: tuple[int, ...], pr: float, sp: float) -> None:
@@ -86,8 +86,8 @@ def _budget_round(rule: Rule, budget: Budget, p_fn: DistFn, q_fn: DistFn, g: int
                 add(path + (x,), prob * float(p[x]), sp)
             return
         q = q_fn(pre).to(torch.float64)
-        theta, tv = choose(fam.rule, p, q, budget.allowance(sp, left - k))
-        at = budgeted(fam.rule, theta)
+        theta, tv = choose(rule, p, q, budget.allowance(sp, left - k))
+        at = budgeted(rule, theta)
         h, r = at.acceptance(p, q), at.correction(p, q)
         accept, reject = q * h, float((q * (1 - h)).sum())
         sp = sp + float(tv)

@@ -106,9 +106,10 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
         if b.tv is None:
             raise ValueError("--budget: analyze looks at one position; give tv=EPS (tv_total spreads over a sequence)")
         fam = family_of(rule)
-        theta, _ = choose(fam.rule, p, q, b.tv)
-        rule = rules.get(fam.rule, **{fam.param: float(theta)})
-        chosen = {"budget": b.to_dict(), "param": fam.param, "value": float(theta)}
+        theta, _ = choose(rule, p, q, b.tv)
+        fits = not math.isnan(float(theta))  # NaN: no parameter fits (the min-p cap), verified losslessly
+        rule = rules.get(fam.rule, **{**rule.params, fam.param: float(theta)}) if fits else Lossless()
+        chosen = {"budget": b.to_dict(), "param": fam.param, "value": float(theta) if fits else None}
     q = rule.draft(q)  # what the draft samples from under this rule (identity except the truncation baselines)
     induced = induced_distribution(rule, p, q)
     out: dict[str, object] = {
@@ -160,8 +161,10 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
               help="Also the exact expected accepted drafts per round of this many drafts, per verifier (token; "
                    "block for lossless rules), with this (p, q) at every position.")
 @click.option("--budget", default=None, metavar="tv=EPS",
-              help="A divergence budget (lenience, cos-we): analyse the rule at the most relaxed parameter whose "
-                   "induced distribution is within TV EPS of p (computed exactly; the --param value is replaced).")
+              help="A divergence budget (lenience, cos-we; overshoot-ceiling and minp-cap with "
+                   "--param realization=residual): analyse the rule at the parameter that accepts most among those "
+                   "whose induced distribution is within TV EPS of p (computed exactly; the --param value is "
+                   "replaced; none where no parameter fits).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def analyze(rule_name: str | None, params: tuple[str, ...], p_text: str | None, q_text: str | None,
             gamma: int | None, budget: str | None, as_json: bool) -> None:
@@ -230,7 +233,8 @@ def _print_analysis(res: dict) -> None:
     if "budget" in res:
         b = res["budget"]
         asked = ", ".join(f"{k} {v:g}" for k, v in b["budget"].items())
-        summary.add_row(f"budget {asked}: chosen {b['param']}", _fmt(b["value"]))
+        summary.add_row(f"budget {asked}: chosen {b['param']}",
+                        "none fits: lossless" if b["value"] is None else _fmt(b["value"]))
     summary.add_row("acceptance probability", _fmt(res["acceptance"]))
     summary.add_row("TV(induced, p)", _fmt(res["tv_to_p"]))
     summary.add_row("KL(induced || p)", _fmt(res["kl_to_p"]))
@@ -378,8 +382,9 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
               help="emitted: the law each token was emitted from (under a lossy rule, its exact induced law); "
                    "target: the processed target distribution.")
 @click.option("--budget", "budget", default=None, metavar="tv=EPS[,tv_total=B]",
-              help="A divergence budget on a lenience or cos-we rule: at each position the most relaxed parameter "
-                   "whose exact induced law is within TV EPS of the target's; tv_total=B bounds the whole "
+              help="A divergence budget on a lenience or cos-we rule (overshoot-ceiling, minp-cap: residual "
+                   "realization): at each position the parameter that accepts most among those whose exact induced "
+                   "law is within TV EPS of the target's; tv_total=B bounds the whole "
                    "sequence's TV by B (--json reports the spent budget and each token's parameter).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")

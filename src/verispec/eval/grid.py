@@ -270,6 +270,10 @@ def _grid(rule: str, params: object, budget: object = None) -> list[MethodSettin
         out = []
         for base in _grid(rule, params):
             kept = tuple((k, v) for k, v in base.params if k != fam.param)
+            try:
+                family_of(rules.get(rule, **dict(kept)))  # e.g. the realization a family needs
+            except ValueError as exc:
+                raise ValueError(f"budget: {exc}") from None
             out += [MethodSetting(base.rule, kept, b) for b in budgets]
         return out
     if params is None:

@@ -295,7 +295,9 @@ class Engine:
             if r.budget is not None:
                 thetas, tvs = r.round_budget or ([], [])
                 k = len(appended)
-                r.metrics.record_budget([thetas[i] if i < len(thetas) else 1.0 for i in range(k)],
+                # 1 where the position was lossless: a bonus token, or no parameter fitted (NaN)
+                r.metrics.record_budget([thetas[i] if i < len(thetas) and thetas[i] == thetas[i] else 1.0
+                                         for i in range(k)],
                                         [tvs[i] if i < len(tvs) else 0.0 for i in range(k)])
                 r.round_budget = None
             m = r.metrics
@@ -353,7 +355,7 @@ class Engine:
         gamma = len(prop.tokens)
         q = _draft_q(prop, p)
         if budget.tv_total is None:
-            theta, tv = choose(fam.rule, p[:gamma], q, budget.tv)  # type: ignore[arg-type]
+            theta, tv = choose(r.rule, p[:gamma], q, budget.tv)  # type: ignore[arg-type]
         else:
             # an even share of what is left, position by position: position i is reached only after i accepted
             # drafts, which then have spent their distances (Budget.allowance)
@@ -362,11 +364,11 @@ class Engine:
             parts = []
             for i in range(gamma):
                 eps = budget.allowance(spent, left - i)
-                parts.append(choose(fam.rule, p[i : i + 1], q[i : i + 1], eps))
+                parts.append(choose(r.rule, p[i : i + 1], q[i : i + 1], eps))
                 spent += float(parts[-1][1])
             theta, tv = torch.cat([t for t, _ in parts]), torch.cat([v for _, v in parts])
         r.round_budget = (theta.flatten().tolist(), tv.flatten().tolist())
-        return PerPosition(fam.rule, theta.reshape(1, gamma, 1))
+        return PerPosition(fam.rule, theta.reshape(1, gamma, 1), r.rule)
 
     @staticmethod
     def _constrain(r: Row, prop: Proposal, logits: torch.Tensor) -> torch.Tensor:
@@ -407,7 +409,7 @@ class Engine:
             for i in range(n):
                 if i < gamma:
                     rule = r.rule if thetas is None else \
-                        budgeted(family_of(r.rule).rule, torch.tensor(thetas[i], dtype=torch.float64))
+                        budgeted(r.rule, torch.tensor(thetas[i], dtype=torch.float64))
                     dist.append(rule.induced(p[i], q_all[i].to(p.dtype)))  # type: ignore[index]
                 else:
                     dist.append(r.rule.bonus(p[i]))

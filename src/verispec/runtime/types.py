@@ -69,8 +69,8 @@ class Metrics:
     #: ``gamma="auto"``: the schedule's final beliefs (acceptance, draft and block costs, probes) when the row ended
     schedule: dict | None = None
     #: a divergence budget: what was asked, the family's parameter name, the spent TV (sum over the emitted
-    #: positions) and, per emitted token, the parameter it was verified with (1: lossless, e.g. a bonus token)
-    #: and its position's exact TV to the target
+    #: positions) and, per emitted token, the parameter it was verified with (1: lossless, a bonus token or no
+    #: parameter fitted) and its position's exact TV to the target
     budget: dict | None = None
 
     def record_budget(self, thetas: Sequence[float], tvs: Sequence[float]) -> None:

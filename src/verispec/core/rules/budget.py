@@ -1,9 +1,11 @@
-"""A divergence budget on a relaxed rule: at each position, the most relaxed parameter of the rule's family whose
-induced distribution is within total-variation distance epsilon of the target's, computed exactly.
+"""A divergence budget on a relaxed rule: at each position, the parameter of the rule's family that accepts most
+among those whose induced distribution is within total-variation distance epsilon of the target's, computed
+exactly.
 
-A family is a rule with one relaxation parameter theta on [``lowest``, 1] that is lossless at 1 and accepts more
-as it falls: lenience ``l`` and CoS-WE ``lam``. For a position's processed p and q the distance
-TV(pi_theta, p), pi_theta the rule's exact induced distribution (:meth:`Rule.induced`), has a closed form in both:
+A family is a rule with one relaxation parameter theta on [``lowest``, 1], lossless at 1 (but the min-p cap) and
+more relaxed below: lenience ``l`` and CoS-WE ``lam``, which accept more as theta falls, and, in their residual
+realization, the overshoot ceiling ``lam`` and the min-p cap ``l``. For a position's processed p and q the distance
+TV(pi_theta, p), pi_theta the rule's exact induced distribution (:meth:`Rule.induced`), has a closed form in each:
 
 - CoS-WE (Eq. 8): pi_lam - p = (1 - lam)(q - p), so TV = (1 - lam) TV(q, p) and
   lam* = max(lam_min, 1 - epsilon / TV(q, p)) (lam_min where q = p: every lam induces p then).
@@ -19,9 +21,24 @@ parameter, which is nudged toward lossless if rounding put it a hair over epsilo
 computed, and no parameter that accepts more fits (up to float64 rounding). The tests check both closed forms
 against :meth:`Rule.induced`.
 
-Not families (yet): the overshoot ceiling, whose TV to p is not monotone in lam (a more relaxed lam can be
-closer to p again, so "the most relaxed within epsilon" needs every breakpoint of a non-monotone function); the
-min-p cap, which is not lossless at l = 1 (its distance to p never reaches 0).
+Two more families run in the ``residual`` realization (h = min(1, P/q), r = norm([P - q]+), falling back to
+norm([p - q]+)), where the induced law is P on {q > p} and below p elsewhere, so TV = sum_{q > p} (P - p):
+
+- overshoot ceiling (Sec. 4): per token with d > 0, (1 - lam) d where q <= p/lam (lam <= t = p/q), else
+  p (1/lam - 1). Not monotone: relaxing lam below t raises the token's term up to d, then at t it drops to
+  (1 - t) d. Its acceptance is a constant plus this TV, so "accepts most within epsilon" is the largest TV
+  <= epsilon: between consecutive thresholds TV is continuous and decreasing in lam, so each segment offers either
+  a root of TV = epsilon (a quadratic) or its supremum at its left end; the best over all segments is exact after
+  one sort (:func:`_overshoot_lam`). Where that supremum is not attained (an open end) the parameter sits a
+  relative 1e-12 inside it.
+- min-p cap (App. E, p_base fixed): C_A + sum_{x not in A} min(d_x, p_x u), u = 1/l - 1, with C_A the excess
+  of q over p on the min-p set A, where the draft is kept whatever l is. Monotone like lenience (the same solve on
+  the tokens outside A, with epsilon - C_A); not lossless at l = 1, so where C_A > epsilon no l fits and the
+  position is verified losslessly (theta NaN inside, reported as 1 with distance 0).
+
+Their ``normalized`` realizations (P / sum P, the rules' default) have no such form: the normalizer moves with the
+parameter, so the set where the emitted law exceeds p does too, and a budget on them is refused naming the
+realization.
 
 :class:`Budget` is what a request asks for: ``tv`` (per position) and / or ``tv_total`` (per sequence; see
 :meth:`Budget.allowance` and docs/budget.md for the coupling argument that bounds the whole sequence's TV).
@@ -36,10 +53,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from verispec.core.rules import get
 from verispec.core.rules.base import Rule
+from verispec.core.rules.lossless import Lossless
+from verispec.core.sampling import minp_mask
 
 __all__ = ["FAMILIES", "Budget", "Family", "PerPosition", "budgeted", "choose", "family_of", "tv_closed_form",
            "tv_to_target"]
@@ -52,11 +72,16 @@ _SHRINK = 1e-12
 
 @dataclass(frozen=True)
 class Family:
-    """A rule with one relaxation parameter: ``param`` in [``lowest``, 1], lossless at 1, more relaxed below."""
+    """A rule with one relaxation parameter ``param`` in [``lowest``, 1], more relaxed below. ``requires``: other
+    parameters the rule must have for the closed form (the residual realization); ``monotone``: TV to p is
+    non-increasing in the parameter; ``lossless_at_one``: the parameter 1 induces p."""
 
     rule: str
     param: str
     lowest: float
+    requires: tuple[tuple[str, object], ...] = ()
+    monotone: bool = True
+    lossless_at_one: bool = True
 
 
 FAMILIES: dict[str, Family] = {
@@ -64,6 +89,8 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("lenience", "l", 1 / 1025),  # u = 1/l - 1 up to 2^10: the exponent bins end there
         Family("cos-we", "lam", 0.0),
+        Family("overshoot-ceiling", "lam", 1 / 1025, (("realization", "residual"),), monotone=False),
+        Family("minp-cap", "l", 1 / 1025, (("realization", "residual"),), lossless_at_one=False),
     )
 }
 
@@ -76,8 +103,22 @@ def _family(name: str) -> Family:
 
 
 def family_of(rule: Rule | str) -> Family:
-    """The budget family of a rule (by its registered name); ValueError naming the families otherwise."""
-    return _family(rule if isinstance(rule, str) else rule.name)
+    """The budget family of a rule (by its registered name); ValueError naming the families otherwise, or the
+    parameter a rule instance must change (the overshoot ceiling and min-p cap need ``realization="residual"``)."""
+    fam = _family(rule if isinstance(rule, str) else rule.name)
+    if not isinstance(rule, str):
+        for key, value in fam.requires:
+            if getattr(rule, key) != value:
+                raise ValueError(f"a budget on {fam.rule} needs {key}={value!r}, where its distance to p has a "
+                                 f"closed form (the {getattr(rule, key)!r} {key} has none)")
+    return fam
+
+
+def _resolve(rule: Rule | str) -> tuple[Family, Rule]:
+    """The family and a rule carrying the fixed parameters (p_base, realization): a name gets the defaults and
+    the family's required parameters."""
+    fam = family_of(rule)
+    return fam, (get(fam.rule, **dict(fam.requires)) if isinstance(rule, str) else rule)
 
 
 # --------------------------------------------------------------------------------------------------- requests
@@ -153,13 +194,16 @@ class Budget:
 # --------------------------------------------------------------------------------------------------- rules
 
 
-def budgeted(name: str, theta: torch.Tensor, **fixed: object) -> Rule:
-    """The family's rule with the parameter ``theta`` (a tensor broadcasting against the p and q it is called
-    with, ``[..., 1]``, or 0-d)."""
-    fam = _family(name)
-    rule = get(name, **{fam.param: 0.5, **fixed})  # validated with a scalar, then given its rows' values
-    object.__setattr__(rule, fam.param, theta)
-    return rule
+def budgeted(rule: Rule | str, theta: torch.Tensor) -> Rule:
+    """The family's rule (a name, or the request's rule with its other parameters) with the parameter ``theta``
+    (a tensor broadcasting against the p and q it is called with, ``[..., 1]``, or 0-d). A 0-d NaN, a position
+    where no parameter fits, is the lossless rule; tensors holding NaN go through :class:`PerPosition`."""
+    fam, base = _resolve(rule)
+    if theta.numel() == 1 and bool(torch.isnan(theta).all()):
+        return Lossless()
+    out = get(fam.rule, **{**base.params, fam.param: 0.5})  # validated with a scalar, then given its rows' values
+    object.__setattr__(out, fam.param, theta)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,20 +214,30 @@ class PerPosition(Rule):
 
     family: str = "lenience"
     theta: torch.Tensor | None = None
+    #: the request's rule, for the family's other parameters (p_base, realization); the defaults when None
+    base: Rule | None = None
     name: ClassVar[str] = "budgeted"
     equation: ClassVar[str] = "per-position parameter within a TV budget"
 
     def _rule(self) -> Rule:
-        return budgeted(self.family, self.theta)  # type: ignore[arg-type]
+        theta = self.theta.nan_to_num(1.0)  # type: ignore[union-attr]
+        return budgeted(self.base or self.family, theta)
+
+    def _lossless(self) -> torch.Tensor | None:
+        """Where no parameter fitted (theta NaN): those positions run the lossless rule."""
+        mask = torch.isnan(self.theta)  # type: ignore[arg-type]
+        return mask if bool(mask.any()) else None
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        return self._rule().acceptance(p, q)
+        h, mask = self._rule().acceptance(p, q), self._lossless()
+        return h if mask is None else torch.where(mask, Lossless().acceptance(p, q), h)
 
     def correction(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        return self._rule().correction(p, q)
+        r, mask = self._rule().correction(p, q), self._lossless()
+        return r if mask is None else torch.where(mask, Lossless().correction(p, q), r)
 
     def at(self, rows: torch.Tensor, index: torch.Tensor) -> Rule:
-        return PerPosition(self.family, self.theta[rows, index])  # type: ignore[index]
+        return PerPosition(self.family, self.theta[rows, index], self.base)  # type: ignore[index]
 
     def describe(self) -> str:
         return f"{self.family}(budgeted)"
@@ -192,23 +246,35 @@ class PerPosition(Rule):
 # --------------------------------------------------------------------------------------------------- distances
 
 
-def tv_to_target(name: str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tensor, **fixed: object) -> torch.Tensor:
+def tv_to_target(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """TV(pi_theta, p) per row ([..., 1]) from the rule's exact induced distribution pi_theta (the reference the
-    closed forms are tested against)."""
-    pi = budgeted(name, theta, **fixed).induced(p, q)
+    closed forms are tested against; theta NaN: lossless)."""
+    fam, base = _resolve(rule)
+    pi = PerPosition(fam.rule, theta, base).induced(p, q)
     return 0.5 * (pi - p).abs().sum(-1, keepdim=True)
 
 
-def tv_closed_form(name: str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tensor,
+def tv_closed_form(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, theta: torch.Tensor,
                    d: torch.Tensor | None = None) -> torch.Tensor:
     """TV(pi_theta, p) per row ([..., 1]) by the family's closed form (module docstring); ``d``: [q - p]+ if the
-    caller has it."""
-    _family(name)
+    caller has it; theta NaN (no parameter fitted, lossless): 0."""
+    fam, base = _resolve(rule)
     if d is None:
         d = (q - p).clamp(min=0)
-    if name == "cos-we":
-        return (1 - theta) * d.sum(-1, keepdim=True)
-    return torch.minimum(d, p * (1 / theta - 1)).sum(-1, keepdim=True)
+    lossless = torch.isnan(theta)
+    th = theta.nan_to_num(1.0)
+    if fam.rule == "cos-we":
+        out = (1 - th) * d.sum(-1, keepdim=True)
+    elif fam.rule == "lenience":
+        out = torch.minimum(d, p * (1 / th - 1)).sum(-1, keepdim=True)
+    elif fam.rule == "overshoot-ceiling":
+        # the rule's own test for the mixture branch (q <= p / lam), so the two agree at the breakpoints
+        term = torch.where(q <= p / th, (1 - th) * d, p * (1 / th - 1))
+        out = torch.where(d > 0, term, torch.zeros_like(d)).sum(-1, keepdim=True)
+    else:  # minp-cap: the draft is kept on A whatever l is; lenience's excess outside it
+        inside = minp_mask(p, base.p_base)  # type: ignore[attr-defined]
+        out = torch.where(inside, d, torch.minimum(d, p * (1 / th - 1))).sum(-1, keepdim=True)
+    return torch.where(lossless, torch.zeros_like(out), out)
 
 
 def _lenience_u(p: torch.Tensor, d: torch.Tensor, eps: torch.Tensor, u_max: float) -> torch.Tensor:
@@ -255,31 +321,92 @@ def _lenience_u(p: torch.Tensor, d: torch.Tensor, eps: torch.Tensor, u_max: floa
     return out
 
 
-def choose(name: str, p: torch.Tensor, q: torch.Tensor, epsilon: float | torch.Tensor
+def _overshoot_lam(p: torch.Tensor, q: torch.Tensor, d: torch.Tensor, eps: torch.Tensor, lowest: float
+                   ) -> torch.Tensor:
+    """The overshoot ceiling's lam in [lowest, 1] with the largest G(lam) <= eps, per row of [R, V] (eps [R]):
+    G = sum over d > 0 of (1 - lam) d where lam <= t = p/q, else p (1/lam - 1) (module docstring); the smallest
+    such lam where several reach eps.
+
+    Sorted thresholds t_0 <= ... <= t_{n-1} (< 1) cut [lowest, 1] into segments (t_{k-1}, t_k] (the last ending at
+    1, the first closed at lowest), on which G = (1 - lam) D_k + (1/lam - 1) P_k, D_k the d of tokens k.. and P_k
+    the p of tokens ..k-1: continuous and decreasing in lam. A segment with G(right end) <= eps offers eps (the
+    root of D lam^2 - (D - P - eps) lam - P = 0) if G(left end) >= eps, else its left end's value. Row by row, on
+    the tokens with d > 0 only."""
+    out = torch.empty(p.shape[0], dtype=torch.float64)
+    p_np, q_np, d_np = p.numpy(), q.numpy(), d.numpy()  # numpy's sort is several times torch's on the CPU
+    for r in range(p.shape[0]):
+        pos = d_np[r] > 0
+        dp, pp = d_np[r][pos], p_np[r][pos]
+        t = pp / q_np[r][pos]
+        order = np.argsort(t)
+        t, dp, pp = t[order], dp[order], pp[order]
+        n, e = t.size, float(eps[r])
+        p_lo = np.concatenate([[0.0], np.cumsum(pp)])  # segment k = (t_{k-1}, t_k], k = 0..n
+        d_hi = np.concatenate([np.cumsum(dp[::-1])[::-1], [0.0]])
+        left = np.concatenate([[-math.inf], t])
+        right = np.concatenate([t, [1.0]])
+        closed = left < lowest  # the segment holding lowest starts there, included
+        a = np.maximum(left, lowest)
+        valid = (a < right) | (closed & (a <= right))
+        g_a = (1 - a) * d_hi + (1 / a - 1) * p_lo
+        g_b = (1 - right) * d_hi + (1 / right - 1) * p_lo
+        reaches = g_a >= e
+        value = np.where(reaches, e, g_a)
+        value[~(valid & (g_b <= e))] = -math.inf
+        k = int(np.argmax(value)) if n else 0  # the first maximum: the smallest lam among equals
+        dk, pk, ak, bk = float(d_hi[k]), float(p_lo[k]), float(a[k]), float(right[k])
+        start = ak if bool(closed[k]) else ak * (1 + 1e-12)  # an open left end: a relative 1e-12 inside
+        if not bool(reaches[k]) or dk == pk == 0:
+            lam = start
+        else:  # the root, by the stable form of the quadratic formula (D = 0 gives P / (P + eps))
+            bq = dk - pk - e
+            disc = math.sqrt(bq * bq + 4 * dk * pk)
+            lam = max((bq + disc) / (2 * dk) if bq >= 0 else 2 * pk / (disc - bq), start)
+        out[r] = min(lam, bk)
+    return out
+
+
+def choose(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, epsilon: float | torch.Tensor
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(theta, TV) per row ([..., 1] each, float64): the most relaxed parameter of the family whose induced
-    distribution is within TV ``epsilon`` (a number, or one per row [..., 1]) of p, and its distance."""
-    fam = _family(name)
+    """(theta, TV) per row ([..., 1] each, float64): the parameter of the rule's family that accepts most among
+    those whose induced distribution is within TV ``epsilon`` (a number, or one per row [..., 1]) of p, and its
+    distance; theta NaN where no parameter fits (the min-p cap), for the lossless rule there. ``rule``: a family's
+    name or the request's rule (its other parameters: p_base, realization)."""
+    fam, base = _resolve(rule)
+    name = fam.rule
     p, q = p.to(torch.float64), q.to(torch.float64)
     eps = torch.as_tensor(epsilon, dtype=torch.float64).expand(p.shape[:-1] + (1,))
     if bool(torch.isnan(eps).any()) or bool((eps < 0).any()):
         raise ValueError(f"the budget epsilon must be >= 0, got {epsilon}")
-    d = None
+    d = (q - p).clamp(min=0)
+    flat_p, flat_d = p.reshape(-1, p.shape[-1]), d.reshape(-1, d.shape[-1])
     if name == "cos-we":
-        tv_q = (q - p).clamp(min=0).sum(-1, keepdim=True)
+        tv_q = d.sum(-1, keepdim=True)
         safe = torch.where(tv_q > 0, tv_q, torch.ones_like(tv_q))
         theta = torch.where(tv_q > 0, (1 - eps / safe).clamp(min=fam.lowest, max=1.0),
                             torch.full_like(tv_q, fam.lowest))  # q = p: every lam induces p
+    elif name == "overshoot-ceiling":
+        lam = _overshoot_lam(flat_p, q.reshape(flat_p.shape), flat_d, eps.reshape(-1), fam.lowest)
+        theta = lam.reshape(eps.shape).clamp(min=fam.lowest, max=1.0)
     else:
         u_max = 1 / fam.lowest - 1
-        d = (q - p).clamp_(min=0)
-        flat = _lenience_u(p.reshape(-1, p.shape[-1]), d.reshape(-1, d.shape[-1]), eps.reshape(-1), u_max)
-        theta = (1 / (1 + flat)).reshape(eps.shape).clamp(min=fam.lowest, max=1.0)
-    tv = tv_closed_form(name, p, q, theta, d)
+        room, dd = eps, flat_d
+        if name == "minp-cap":  # the tokens of A keep their excess at every l: solve outside A for what is left
+            inside = minp_mask(p, base.p_base)  # type: ignore[attr-defined]
+            room = eps - torch.where(inside, d, torch.zeros_like(d)).sum(-1, keepdim=True)
+            dd = torch.where(inside, torch.zeros_like(d), d).reshape(flat_d.shape)
+        u = _lenience_u(flat_p, dd, room.clamp(min=0).reshape(-1), u_max)
+        theta = (1 / (1 + u)).reshape(eps.shape).clamp(min=fam.lowest, max=1.0)
+        if name == "minp-cap":
+            theta = torch.where(room < 0, torch.full_like(theta, math.nan), theta)
+    tv = tv_closed_form(base, p, q, theta, d)
     for _ in range(64):  # rounding: step toward lossless until the computed distance is within the budget
         over = tv > eps
         if not bool(over.any()):
             break
         theta = torch.where(over, theta + (1 - theta) * 1e-9 + 1e-15, theta).clamp(max=1.0)
-        tv = tv_closed_form(name, p, q, theta, d)
+        tv = tv_closed_form(base, p, q, theta, d)
+    if not fam.lossless_at_one and bool((tv > eps).any()):  # l = 1 still over: lossless there
+        theta = torch.where(tv > eps, torch.full_like(theta, math.nan), theta)
+        tv = torch.where(tv > eps, torch.zeros_like(tv), tv)
     return theta, tv
