@@ -4,7 +4,8 @@ fixed-parameter rule and lossless SD from the same prompts and seeds.
 
 For each target backend (transformers bf16 with the model drafter, and llama.cpp with its drafter when installed),
 at temperature 0.7 and gamma 5, every prompt runs ``lossless``, ``lenience(l=0.5)``, ``lenience`` under
-``{"tv": 0.05}`` and under ``{"tv_total": 1.0}``, and ``cos-we`` under ``{"tv": 0.05}``; the choice is timed by
+``{"tv": 0.05}`` and under ``{"tv_total": 1.0}``, and ``cos-we``, the overshoot ceiling and the min-p cap
+(p_base 0.5; both in the residual realization their budget needs) under ``{"tv": 0.05}``; the choice is timed by
 its own clock (a wrapper around the engine's ``choose``). Reported per setting: median share of a round spent
 choosing (choice seconds / total seconds), mean choice milliseconds per round, round milliseconds, block
 efficiency, spent budget. Not a test: nothing is asserted.
@@ -26,6 +27,7 @@ from schedule import cpu_name, reset_caches  # noqa: E402  the same CPU line and
 
 import verispec.runtime.engine as engine_module
 from verispec import SamplingConfig, load_engine
+from verispec.core import rules
 from verispec.runtime.engine import Engine
 
 PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
@@ -36,7 +38,9 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
            "Write a Python function that flattens a nested list."]
 SETTINGS = [("lossless", "lossless", None), ("lenience(l=0.5)", "lenience", None),
             ("lenience tv=0.05", "lenience", {"tv": 0.05}), ("lenience tv_total=1", "lenience", {"tv_total": 1.0}),
-            ("cos-we tv=0.05", "cos-we", {"tv": 0.05})]
+            ("cos-we tv=0.05", "cos-we", {"tv": 0.05}),
+            ("overshoot-ceiling tv=0.05", rules.get("overshoot-ceiling", realization="residual"), {"tv": 0.05}),
+            ("minp-cap tv=0.05", rules.get("minp-cap", p_base=0.5, realization="residual"), {"tv": 0.05})]
 
 
 class _Clock:
@@ -58,7 +62,7 @@ class _Clock:
         engine_module.choose = timed  # type: ignore[assignment]
 
 
-def run(engine: Engine, ids: list[int], rule: str, budget: dict | None, seed: int) -> dict:
+def run(engine: Engine, ids: list[int], rule: str | rules.Rule, budget: dict | None, seed: int) -> dict:
     reset_caches(engine)
     _Clock.seconds = 0.0
     res = engine.generate(ids, rule=rule, budget=budget, sampling=SamplingConfig(temperature=0.7), gamma=ARGS.gamma,

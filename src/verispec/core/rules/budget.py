@@ -28,8 +28,8 @@ norm([p - q]+)), where the induced law is P on {q > p} and below p elsewhere, so
   p (1/lam - 1). Not monotone: relaxing lam below t raises the token's term up to d, then at t it drops to
   (1 - t) d. Its acceptance is a constant plus this TV, so "accepts most within epsilon" is the largest TV
   <= epsilon: between consecutive thresholds TV is continuous and decreasing in lam, so each segment offers either
-  a root of TV = epsilon (a quadratic) or its supremum at its left end; the best over all segments is exact after
-  one sort (:func:`_overshoot_lam`). Where that supremum is not attained (an open end) the parameter sits a
+  a root of TV = epsilon (a quadratic) or its supremum at its left end; the best over all segments is found
+  exactly, sorting only the threshold bins that bounds cannot rule out (:func:`_overshoot_row`). Where that supremum is not attained (an open end) the parameter sits a
   relative 1e-12 inside it.
 - min-p cap (App. E, p_base fixed): C_A + sum_{x not in A} min(d_x, p_x u), u = 1/l - 1, with C_A the excess
   of q over p on the min-p set A, where the draft is kept whatever l is. Monotone like lenience (the same solve on
@@ -268,9 +268,9 @@ def tv_closed_form(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, theta: to
     elif fam.rule == "lenience":
         out = torch.minimum(d, p * (1 / th - 1)).sum(-1, keepdim=True)
     elif fam.rule == "overshoot-ceiling":
-        # the rule's own test for the mixture branch (q <= p / lam), so the two agree at the breakpoints
-        term = torch.where(q <= p / th, (1 - th) * d, p * (1 / th - 1))
-        out = torch.where(d > 0, term, torch.zeros_like(d)).sum(-1, keepdim=True)
+        # the rule's own test for the mixture branch (q <= p / lam), so the two agree at the breakpoints; tokens
+        # with q <= p pass it with d = 0, so they add nothing
+        out = torch.where(q <= p / th, (1 - th) * d, p * (1 / th - 1)).sum(-1, keepdim=True)
     else:  # minp-cap: the draft is kept on A whatever l is; lenience's excess outside it
         inside = minp_mask(p, base.p_base)  # type: ignore[attr-defined]
         out = torch.where(inside, d, torch.minimum(d, p * (1 / th - 1))).sum(-1, keepdim=True)
@@ -321,49 +321,120 @@ def _lenience_u(p: torch.Tensor, d: torch.Tensor, eps: torch.Tensor, u_max: floa
     return out
 
 
+#: the overshoot ceiling's thresholds are binned by their float64 bit pattern shifted right by this much: 16 bins
+#: per binade, exactly in t's order (a positive double's bits, read as an integer, grow with it)
+_OVERSHOOT_SHIFT = 48
+
+
+def _segments(t: np.ndarray, dp: np.ndarray, pp: np.ndarray, prev: float, d_above: float, p_below: float,
+              e: float, lowest: float) -> tuple[float, float]:
+    """(value, lam) of the best of the segments (t_{i-1}, t_i] ending at the sorted thresholds ``t`` (t_{-1} =
+    ``prev``, -inf for none: closed at lowest), with d of the tokens after them ``d_above`` and p of those before
+    ``p_below``: on each, G = (1 - lam) D + (1/lam - 1) P is continuous and decreasing, so a segment whose right
+    end fits offers eps (the root of D lam^2 - (D - P - eps) lam - P = 0) if its left end reaches eps, else its
+    left end's value (a relative 1e-12 inside an open end). (-inf, nan) if none fits; the first of equals."""
+    p_lo = p_below + np.concatenate([[0.0], np.cumsum(pp[:-1])])
+    d_hi = d_above + np.cumsum(dp[::-1])[::-1]
+    left = np.concatenate([[prev], t[:-1]])
+    closed = left < lowest  # the segment holding lowest starts there, included
+    a = np.maximum(left, lowest)
+    valid = (a < t) | (closed & (a <= t))
+    g_a = (1 - a) * d_hi + (1 / a - 1) * p_lo
+    g_b = (1 - t) * d_hi + (1 / t - 1) * p_lo
+    reaches = g_a >= e
+    value = np.where(reaches, e, g_a)
+    value[~(valid & (g_b <= e))] = -math.inf
+    k = int(np.argmax(value))
+    if value[k] == -math.inf:
+        return -math.inf, math.nan
+    dk, pk, ak = float(d_hi[k]), float(p_lo[k]), float(a[k])
+    start = ak if bool(closed[k]) else ak * (1 + 1e-12)
+    if not bool(reaches[k]) or dk == pk == 0:
+        lam = start
+    else:  # the root, by the stable form of the quadratic formula (D = 0 gives P / (P + eps))
+        bq = dk - pk - e
+        disc = math.sqrt(bq * bq + 4 * dk * pk)
+        lam = max((bq + disc) / (2 * dk) if bq >= 0 else 2 * pk / (disc - bq), start)
+        lam = lam + (1 - lam) * _SHRINK  # a hair toward lossless, so rounding rarely needs the nudge
+    return float(value[k]), min(lam, float(t[k]))
+
+
 def _overshoot_lam(p: torch.Tensor, q: torch.Tensor, d: torch.Tensor, eps: torch.Tensor, lowest: float
                    ) -> torch.Tensor:
     """The overshoot ceiling's lam in [lowest, 1] with the largest G(lam) <= eps, per row of [R, V] (eps [R]):
     G = sum over d > 0 of (1 - lam) d where lam <= t = p/q, else p (1/lam - 1) (module docstring); the smallest
-    such lam where several reach eps.
-
-    Sorted thresholds t_0 <= ... <= t_{n-1} (< 1) cut [lowest, 1] into segments (t_{k-1}, t_k] (the last ending at
-    1, the first closed at lowest), on which G = (1 - lam) D_k + (1/lam - 1) P_k, D_k the d of tokens k.. and P_k
-    the p of tokens ..k-1: continuous and decreasing in lam. A segment with G(right end) <= eps offers eps (the
-    root of D lam^2 - (D - P - eps) lam - P = 0) if G(left end) >= eps, else its left end's value. Row by row, on
-    the tokens with d > 0 only."""
+    such lam where several reach eps (:func:`_overshoot_row`)."""
     out = torch.empty(p.shape[0], dtype=torch.float64)
-    p_np, q_np, d_np = p.numpy(), q.numpy(), d.numpy()  # numpy's sort is several times torch's on the CPU
+    p_np, q_np, d_np = p.numpy(), q.numpy(), d.numpy()
     for r in range(p.shape[0]):
-        pos = d_np[r] > 0
-        dp, pp = d_np[r][pos], p_np[r][pos]
-        t = pp / q_np[r][pos]
-        order = np.argsort(t)
-        t, dp, pp = t[order], dp[order], pp[order]
-        n, e = t.size, float(eps[r])
-        p_lo = np.concatenate([[0.0], np.cumsum(pp)])  # segment k = (t_{k-1}, t_k], k = 0..n
-        d_hi = np.concatenate([np.cumsum(dp[::-1])[::-1], [0.0]])
-        left = np.concatenate([[-math.inf], t])
-        right = np.concatenate([t, [1.0]])
-        closed = left < lowest  # the segment holding lowest starts there, included
-        a = np.maximum(left, lowest)
-        valid = (a < right) | (closed & (a <= right))
-        g_a = (1 - a) * d_hi + (1 / a - 1) * p_lo
-        g_b = (1 - right) * d_hi + (1 / right - 1) * p_lo
-        reaches = g_a >= e
-        value = np.where(reaches, e, g_a)
-        value[~(valid & (g_b <= e))] = -math.inf
-        k = int(np.argmax(value)) if n else 0  # the first maximum: the smallest lam among equals
-        dk, pk, ak, bk = float(d_hi[k]), float(p_lo[k]), float(a[k]), float(right[k])
-        start = ak if bool(closed[k]) else ak * (1 + 1e-12)  # an open left end: a relative 1e-12 inside
-        if not bool(reaches[k]) or dk == pk == 0:
-            lam = start
-        else:  # the root, by the stable form of the quadratic formula (D = 0 gives P / (P + eps))
-            bq = dk - pk - e
-            disc = math.sqrt(bq * bq + 4 * dk * pk)
-            lam = max((bq + disc) / (2 * dk) if bq >= 0 else 2 * pk / (disc - bq), start)
-        out[r] = min(lam, bk)
+        pos = np.flatnonzero(d_np[r] > 0)
+        pp = p_np[r][pos]
+        out[r] = _overshoot_row(pp / q_np[r][pos], d_np[r][pos], pp, float(eps[r]), lowest)
     return out
+
+
+def _overshoot_row(t: np.ndarray, dp: np.ndarray, pp: np.ndarray, e: float, lowest: float) -> float:
+    """:func:`_overshoot_lam` for one row, given the thresholds t = p/q, d and p of its tokens with d > 0.
+
+    The sorted thresholds t (< 1) cut [lowest, 1] into segments (t_{k-1}, t_k] (the last ending at 1, the first
+    closed at lowest), each searched exactly by :func:`_segments`. Sorting all of them is avoided: thresholds are
+    binned by their bit pattern (16 bins per binade, in t's order), and a bin's segments are sorted and searched
+    only if bounds from the bins' sums say they may hold the answer: no segment ending in bin j fits if G at its
+    upper edge, with the bin's own tokens left out, is over eps; none offers more than
+    (1 - L) D(bins >= j) + (1/L - 1) P(bins <= j), L the lower edge of the nearest non-empty bin below. Bins are
+    searched from small lam up while their bound reaches eps (the first segment reaching eps is the answer), then
+    by decreasing bound while it beats the best value found."""
+    low = t < lowest  # below lowest: the ceiling branch at every allowed lam
+    p0 = 0.0
+    if low.any():
+        p0 = float(pp[low].sum())
+        t, dp, pp = t[~low], dp[~low], pp[~low]
+    none = np.zeros(1)
+    if not t.size:  # G = (1/lam - 1) p0 on [lowest, 1]: one segment
+        return _segments(np.ones(1), none, none, -math.inf, 0.0, p0, e, lowest)[1]
+    first = int(np.float64(lowest).view(np.int64)) >> _OVERSHOOT_SHIFT  # the bin holding lowest
+    k_bins = (int(np.float64(1.0).view(np.int64)) >> _OVERSHOOT_SHIFT) - first  # bins below 1
+    edges = ((np.arange(k_bins + 1, dtype=np.int64) + first) << _OVERSHOOT_SHIFT).view(np.float64)
+    edges[0] = lowest  # bin j holds [edges[j], edges[j + 1]) of the thresholds >= lowest; edges[K] = 1
+    b = (t.view(np.int64) >> _OVERSHOOT_SHIFT) - first  # monotone in t
+    d_bin = np.bincount(b, weights=dp, minlength=k_bins)
+    p_bin = np.bincount(b, weights=pp, minlength=k_bins)
+    filled = np.bincount(b, minlength=k_bins) > 0
+    d_from = np.cumsum(d_bin[::-1])[::-1]  # d of bins >= j
+    p_upto = p0 + np.cumsum(p_bin)  # p of bins <= j (and of those below lowest)
+    d_after, p_before = d_from - d_bin, p_upto - p_bin
+    below = np.concatenate([[-1], np.maximum.accumulate(np.where(filled, np.arange(k_bins), -1))[:-1]])
+    lower = np.where(below >= 0, edges[np.maximum(below, 0)], lowest)
+    upper = edges[1:]
+    bound = (1 - lower) * d_from + (1 / lower - 1) * p_upto
+    fits = filled & ((1 - upper) * d_after + (1 / upper - 1) * p_before <= e)
+
+    def search(j: int) -> tuple[float, float]:
+        idx = np.flatnonzero(b == j)
+        o = np.argsort(t[idx])
+        prev = float(t[b == below[j]].max()) if below[j] >= 0 else -math.inf
+        return _segments(t[idx][o], dp[idx][o], pp[idx][o], prev, float(d_after[j]), float(p_before[j]), e, lowest)
+
+    best, lam = -math.inf, math.nan
+    searched = np.zeros(k_bins, dtype=bool)
+    for j in np.flatnonzero(fits & (bound >= e)):  # from small lam up: the first to reach eps wins
+        searched[j] = True
+        v, x = search(int(j))
+        if v > best:
+            best, lam = v, x
+        if v == e:
+            return lam
+    v, x = _segments(np.ones(1), none, none, float(t.max()), 0.0, p0 + float(pp.sum()), e, lowest)  # (t_max, 1]
+    if v > best:
+        best, lam = v, x
+    for j in np.argsort(-bound, kind="stable"):
+        if best >= e or bound[j] <= best:
+            break
+        if fits[j] and not searched[j]:
+            v, x = search(int(j))
+            if v > best:
+                best, lam = v, x
+    return lam
 
 
 def choose(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, epsilon: float | torch.Tensor
