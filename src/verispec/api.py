@@ -328,8 +328,9 @@ def generate(
     the law it was emitted from, the rule's exact induced law under a lossy rule; "target": the target's p).
     ``response_format``: structured output, e.g. ``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
     ``{"type": "json_object"}``, ``{"type": "regex", "regex": "..."}`` (:mod:`verispec.runtime.grammar`).
-    ``budget``: a divergence budget for ``rule="lenience"`` or ``"cos-we"``, ``{"tv": 0.05}`` (every position's
-    induced law within TV 0.05 of the target's, the most relaxed parameter that fits chosen per position, exactly)
+    ``budget``: a divergence budget for ``rule="lenience"`` or ``"cos-we"`` (or the overshoot ceiling and min-p cap
+    in their residual realization), ``{"tv": 0.05}`` (every position's induced law within TV 0.05 of the target's,
+    the parameter that accepts most among those that fit chosen per position, exactly)
     and / or ``{"tv_total": B}`` (the whole sequence's law within TV B); ``result.metrics.budget`` reports it.
     ``draft_p_min``: a draft model's chain stops where its top probability falls below this (lossless; 0: off).
 

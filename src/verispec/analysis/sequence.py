@@ -67,7 +67,7 @@ def _token_round(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int,
 def _budget_round(rule: Rule, budget: Budget, p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...],
                   spent: float, left: int) -> dict[tuple[int, ...], tuple[float, float]]:
     """One round under a divergence budget, as the engine runs it: at draft index k the rule's family with the
-    most relaxed parameter within ``budget.allowance(spent, left - k)`` of p. Values: (probability, spent after
+    parameter that accepts most within ``budget.allowance(spent, left - k)`` of p. Values: (probability, spent after
     the round); the spent budget is a function of the emitted tokens (each emitted position adds its TV)."""
     family_of(rule)  # a rule without a family (or the wrong realization) is refused here
     out: dict[tuple[int, ...], tuple[float, float]] = {}

@@ -85,7 +85,7 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
                  gamma: int | None = None, budget: str | None = None) -> dict:
     """The numbers behind ``verispec analyze`` (ValueError on invalid input). With ``gamma``: the exact expected
     accepted drafts per round of ``gamma`` drafts when every position has this (p, q), per verifier. With
-    ``budget`` (``"tv=EPS"``): the rule's family at the most relaxed parameter within TV EPS of p, analysed."""
+    ``budget`` (``"tv=EPS"``): the rule's family at the parameter that accepts most within TV EPS of p, analysed."""
     import torch
 
     from verispec.analysis import acceptance_probability, induced_distribution, kl, tv

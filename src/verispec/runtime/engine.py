@@ -17,6 +17,7 @@ convenience that runs one prompt or a list of prompts to completion through it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -296,7 +297,7 @@ class Engine:
                 thetas, tvs = r.round_budget or ([], [])
                 k = len(appended)
                 # 1 where the position was lossless: a bonus token, or no parameter fitted (NaN)
-                r.metrics.record_budget([thetas[i] if i < len(thetas) and thetas[i] == thetas[i] else 1.0
+                r.metrics.record_budget([thetas[i] if i < len(thetas) and not math.isnan(thetas[i]) else 1.0
                                          for i in range(k)],
                                         [tvs[i] if i < len(tvs) else 0.0 for i in range(k)])
                 r.round_budget = None
@@ -477,7 +478,8 @@ class Engine:
         token's log-probability under the target (``result.prompt_logprobs``, :meth:`prompt_logprobs`).
         ``response_format``: structured output (a JSON schema, any JSON object, a regex or a Lark grammar;
         :mod:`verispec.runtime.grammar`), a constraint on target and draft alike. ``budget``: a divergence
-        budget on a lenience or CoS-WE rule (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per
+        budget on a lenience, CoS-WE, or residual overshoot-ceiling / min-p cap rule
+        (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per
         position, ``{"tv_total": B}`` per sequence); ``result.metrics.budget`` reports the spent budget and each
         token's parameter and distance. Rows run ``batch_size`` at a time (default: all, up to :attr:`max_rows`),
         joining and leaving between rounds. Stops on EOS ids and ``stop`` strings, never overshooting

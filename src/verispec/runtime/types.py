@@ -213,8 +213,8 @@ class Request:
     #: (:mod:`verispec.runtime.grammar`); a constraint applied to target and draft alike
     response_format: Mapping[str, Any] | None = None
     #: a divergence budget on the rule's parameter (:class:`verispec.core.rules.budget.Budget`, or its mapping
-    #: ``{"tv": 0.05, "tv_total": 1.0}`` or text ``"tv=0.05"``): per position, the most relaxed parameter of
-    #: the rule's family within that total-variation distance of the target (the rule's own parameter is replaced)
+    #: ``{"tv": 0.05, "tv_total": 1.0}`` or text ``"tv=0.05"``): per position, the parameter of the rule's family
+    #: that accepts most within that total-variation distance of the target (the rule's own parameter is replaced)
     budget: Budget | Mapping[str, float] | str | None = None
 
 
