@@ -163,6 +163,22 @@ def test_overshoot_ceiling_and_minp_cap_by_hand():
         choose(rules.get("minp-cap", p_base=0.5), p, q, 0.1)
 
 
+def test_overshoot_ceiling_at_a_threshold_stays_within_budget():
+    """eps at the distance of a threshold t = p/q: p = (0.5, 0.5), q = (0.9, 0.1), token 0 overshoots by 0.4 with
+    t = 5/9, where TV = 0.4 (1 - t) = 0.17777...; just above t the token takes the ceiling branch (TV near 0.4). The
+    solve's root lands within 1e-12 of t, where the rule's float test q <= p/lam can fail; then 256 eps around that
+    distance (to 1e-13 either side) must each give a distance within eps and within a relative 1e-8 of it (a segment
+    on either side of t reaches eps: below t the distance falls to (1 - t) d, above it rises from 0 to d)."""
+    p = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    q = torch.tensor([[0.9, 0.1]], dtype=torch.float64)
+    at_t = 0.4 * (1 - 0.5 / 0.9)
+    for eps in [0.17777777777778, *(at_t + k * 1e-15 for k in range(-128, 128))]:
+        theta, tv = choose(_rule("overshoot-ceiling"), p, q, eps)
+        assert float(tv) <= eps, (eps, float(theta), float(tv))
+        assert float(tv) == pytest.approx(float(tv_to_target(_rule("overshoot-ceiling"), p, q, theta)), abs=1e-15)
+        assert float(tv) >= eps * (1 - 1e-8)
+
+
 def test_overshoot_ceiling_on_a_large_vocabulary_beats_a_scan():
     """60k tokens, 3 rows: the chosen lam is within budget (TV from the induced distribution), and on 150 lam
     values (a grid and the chosen lam's neighbourhood) none within the budget has a larger TV, which for this

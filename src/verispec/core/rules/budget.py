@@ -24,17 +24,18 @@ against :meth:`Rule.induced`.
 Two more families run in the ``residual`` realization (h = min(1, P/q), r = norm([P - q]+), falling back to
 norm([p - q]+)), where the induced law is P on {q > p} and below p elsewhere, so TV = sum_{q > p} (P - p):
 
-- overshoot ceiling (Sec. 4): per token with d > 0, (1 - lam) d where q <= p/lam (lam <= t = p/q), else
-  p (1/lam - 1). Not monotone: relaxing lam below t raises the token's term up to d, then at t it drops to
-  (1 - t) d. Its acceptance is a constant plus this TV, so "accepts most within epsilon" is the largest TV
-  <= epsilon: between consecutive thresholds TV is continuous and decreasing in lam, so each segment offers either
+- overshoot ceiling (Sec. 4): per token with d > 0, (1 - lam) d where q <= p/lam (lam <= t = p/q in exact
+  arithmetic; the code uses the rule's own float test), else p (1/lam - 1). Not monotone: as lam falls toward t
+  from above the token's term rises toward d; at t it drops to (1 - t) d. Its acceptance is a constant plus this
+  TV, so "accepts most within epsilon" is the largest TV <= epsilon: between consecutive thresholds TV is continuous and decreasing in lam, so each segment offers either
   a root of TV = epsilon (a quadratic) or its supremum at its left end; the best over all segments is found
   exactly, sorting only the threshold bins that bounds cannot rule out (:func:`_overshoot_row`). Where that
   supremum is not attained (an open end) the parameter sits a relative 1e-12 inside it.
 - min-p cap (App. E, p_base fixed): C_A + sum_{x not in A} min(d_x, p_x u), u = 1/l - 1, with C_A the excess
   of q over p on the min-p set A, where the draft is kept whatever l is. Monotone like lenience (the same solve on
   the tokens outside A, with epsilon - C_A); not lossless at l = 1, so where C_A > epsilon no l fits and the
-  position is verified losslessly (theta NaN inside, reported as 1 with distance 0).
+  position is verified losslessly (theta NaN inside, reported as 1 with distance 0: for this family theta 1 is
+  not lossless, so the distance is what tells the two apart).
 
 Their ``normalized`` realizations (P / sum P, the rules' default) have no such form: the normalizer moves with the
 parameter, so the set where the emitted law exceeds p does too, and a budget on them is refused naming the
@@ -471,11 +472,34 @@ def choose(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, epsilon: float | 
         if name == "minp-cap":
             theta = torch.where(room < 0, torch.full_like(theta, math.nan), theta)
     tv = tv_closed_form(base, p, q, theta, d)
+    solved = theta
     for _ in range(64):  # rounding: step toward lossless until the computed distance is within the budget
         over = tv > eps
         if not bool(over.any()):
             break
         theta = torch.where(over, theta + (1 - theta) * 1e-9 + 1e-15, theta).clamp(max=1.0)
+        tv = tv_closed_form(base, p, q, theta, d)
+    if name == "overshoot-ceiling" and bool((tv > eps).any()):
+        # the solve's lam can sit on a threshold t = p/q where the rule's float test q <= p/lam fails, so the token
+        # takes the ceiling branch (near d) and stepping up only stays there: step down from it ulp by ulp instead,
+        # to where the test holds and the token's term is (1 - lam) d
+        down = solved
+        for _ in range(16):
+            down = torch.nextafter(down, torch.zeros_like(down)).clamp(min=fam.lowest)
+            tv_down = tv_closed_form(base, p, q, down, d)
+            fixed = (tv > eps) & (tv_down <= eps)
+            theta, tv = torch.where(fixed, down, theta), torch.where(fixed, tv_down, tv)
+            if not bool((tv > eps).any()):
+                break
+        if bool((tv > eps).any()):  # t - ulps is over too: solve again a relative 1e-9 inside the budget
+            tight = eps * (1 - 1e-9)
+            lam = _overshoot_lam(flat_p, q.reshape(flat_p.shape), flat_d, tight.reshape(-1), fam.lowest)
+            again = lam.reshape(eps.shape).clamp(min=fam.lowest, max=1.0)
+            tv_again = tv_closed_form(base, p, q, again, d)
+            fixed = (tv > eps) & (tv_again <= eps)
+            theta, tv = torch.where(fixed, again, theta), torch.where(fixed, tv_again, tv)
+    if fam.lossless_at_one and bool((tv > eps).any()):  # a last guard: lossless (distance 0) never breaks it
+        theta = torch.where(tv > eps, torch.ones_like(theta), theta)
         tv = tv_closed_form(base, p, q, theta, d)
     if not fam.lossless_at_one and bool((tv > eps).any()):  # l = 1 still over: lossless there
         theta = torch.where(tv > eps, torch.full_like(theta, math.nan), theta)
