@@ -24,13 +24,13 @@ against :meth:`Rule.induced`.
 Two more families run in the ``residual`` realization (h = min(1, P/q), r = norm([P - q]+), falling back to
 norm([p - q]+)), where the induced law is P on {q > p} and below p elsewhere, so TV = sum_{q > p} (P - p):
 
-- overshoot ceiling (Sec. 4): per token with d > 0, (1 - lam) d where q <= p/lam (lam <= t = p/q in exact
-  arithmetic; the code uses the rule's own float test), else p (1/lam - 1). Not monotone: as lam falls toward t
-  from above the token's term rises toward d; at t it drops to (1 - t) d. Its acceptance is a constant plus this
-  TV, so "accepts most within epsilon" is the largest TV <= epsilon: between consecutive thresholds TV is continuous and decreasing in lam, so each segment offers either
-  a root of TV = epsilon (a quadratic) or its supremum at its left end; the best over all segments is found
-  exactly, sorting only the threshold bins that bounds cannot rule out (:func:`_overshoot_row`). Where that
-  supremum is not attained (an open end) the parameter sits a relative 1e-12 inside it.
+- overshoot ceiling (Sec. 4): per token with d > 0, (1 - lam) d where q <= p/lam (lam <= t = p/q in exact arithmetic;
+  the code uses the rule's own float test), else p (1/lam - 1). Not monotone: as lam falls toward t from above the
+  token's term rises toward d; at t it drops to (1 - t) d. Its acceptance is a constant plus this TV, so "accepts most
+  within epsilon" is the largest TV <= epsilon: between consecutive thresholds TV is continuous and decreasing in lam,
+  so each segment offers either a root of TV = epsilon (a quadratic) or its supremum at its left end; the best over
+  all segments is found exactly, sorting only the threshold bins that bounds cannot rule out (:func:`_overshoot_row`).
+  Where that supremum is not attained (an open end) the parameter sits a relative 1e-12 inside it.
 - min-p cap (App. E, p_base fixed): C_A + sum_{x not in A} min(d_x, p_x u), u = 1/l - 1, with C_A the excess
   of q over p on the min-p set A, where the draft is kept whatever l is. Monotone like lenience (the same solve on
   the tokens outside A, with epsilon - C_A); not lossless at l = 1, so where C_A > epsilon no l fits and the
