@@ -1,6 +1,7 @@
 """The budget-vs-fixed frontier (``verispec.studies.budget``) on constructed units whose answer is known: two fixed
 settings at BE 2 (60% pass) and BE 4 (30%), a budget at BE 3 with 55% pass; the fixed frontier interpolates to 45%
-at BE 3, so the budget is +10 pp at matched BE; one budget outside the fixed range gets no matched value. Also the
+at BE 3, so the budget is +10 pp at matched BE; one budget outside the fixed range gets no matched value; with the
+baseline (BE 1, 65%) on the frontier as its lossless end, a budget at BE 1.5 with 65% is matched to 62.5%. Also the
 command end to end on two run directories written as a sweep would."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from verispec.cli.main import main
-from verispec.studies.budget import frontier_frame
+from verispec.studies.budget import _short, frontier_frame
 
 N = 40  # problems, one seed
 
@@ -43,6 +44,19 @@ def test_matched_difference_interpolates_the_fixed_frontier():
         frontier_frame(_frame(), ["nope"], ["fixed-a", "fixed-b"])
 
 
+def test_the_baseline_can_end_the_frontier():
+    low = pd.concat([_frame(), pd.DataFrame(_units("budget-low", 1.5, 26))], ignore_index=True)
+    alone = frontier_frame(low, ["budget-low"], ["fixed-a", "fixed-b"], n_boot=200).set_index("setting")
+    assert math.isnan(alone.loc["budget-low", "vs_fixed"])
+    t = frontier_frame(low, ["budget-low"], ["lossless", "fixed-a", "fixed-b"], n_boot=200).set_index("setting")
+    assert t.loc["budget-low", "vs_fixed"] == pytest.approx(65.0 - 62.5)
+    assert t.loc["budget-low", "vs_baseline"] == pytest.approx(0.0)
+    assert t.loc["lossless", "kind"] == "baseline" and bool(t.loc["lossless", "frontier"])
+    assert len(t) == 4  # the baseline once
+    assert _short("adaptive-interpolation(lam=0.2, realization=residual)") == "lam=0.2"
+    assert _short("cos-we(budget tv=0.1)") == "budget tv=0.1" and _short("lossless") == "lossless"
+
+
 def _write_run(path, rows: list[dict]) -> None:
     path.mkdir()
     with open(path / "results.jsonl", "w") as f:
@@ -64,4 +78,9 @@ def test_command_writes_the_frontier(tmp_path):
                                     "--fixed", "fixed-a", "--fixed", "fixed-b", "--n-boot", "200"])
     assert res.exit_code == 0, res.output
     assert "+10.0" in res.output and "outside the fixed range" in res.output
+    res = CliRunner().invoke(main, ["bench", "budget", str(tmp_path / "budget"), "--fixed-run", str(tmp_path / "fixed"),
+                                    "--fixed", "lossless", "--fixed", "fixed-a", "--fixed", "fixed-b",
+                                    "--n-boot", "200"])
+    assert res.exit_code == 0, res.output
+    assert "| lossless | baseline, fixed |" in res.output
     assert (tmp_path / "budget" / "frontier" / "frontier.png").exists()

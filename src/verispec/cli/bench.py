@@ -291,7 +291,8 @@ def regrade_cmd(run_dir: str, write: bool, workers: int | None, no_progress: boo
 @click.option("--fixed-run", required=True, type=click.Path(exists=True, file_okay=False),
               help="Run directory holding the fixed-parameter settings and the baseline (same models and seeds).")
 @click.option("--fixed", "fixed", multiple=True, required=True, metavar="LABEL",
-              help="A fixed-parameter setting of --fixed-run, by label; repeat (at least two).")
+              help="A fixed-parameter setting of --fixed-run, by label; repeat (at least two). The baseline may be "
+                   "one: the lossless end of a family lossless at theta = 1.")
 @click.option("--baseline", default="lossless", show_default=True, help="The baseline's label in --fixed-run.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where frontier.md / .csv / .png go [default: RUN_DIR/frontier].")

@@ -17,8 +17,9 @@ accuracy at b's block efficiency is (1 - w) acc_f1 + w acc_f2 (linear interpolat
 acc_b minus it, in percentage points. Each bootstrap resample recomputes every BE, the bracket and w, so the
 interval carries the uncertainty of the matching too. A budget whose BE lies outside the fixed settings' range has
 no matched comparison (reported as such); the share of resamples in which it falls outside is reported
-(``vs_fixed_unmatched``; the interval is over the others). Also the plain gap to lossless (acc_b - acc_lossless,
-paired).
+(``vs_fixed_unmatched``; the interval is over the others). The baseline may be one of the fixed settings: a family
+lossless at theta = 1 (CoS-WE at lam 1) has lossless as its frontier's end point, so a budget between lossless and
+the least relaxed fixed setting is matched too. Also the plain gap to lossless (acc_b - acc_lossless, paired).
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str]
     """One row per setting (fixed, budgeted, baseline): BE and pass@1 with intervals; for budgeted settings the
     matched difference to the fixed frontier and the gap to the baseline, with intervals. ``df``: result rows
     (:func:`verispec.eval.report.load_frame`) of every listed setting."""
-    labels = [*fixed, *budget, baseline]
+    labels = list(dict.fromkeys([*fixed, *budget, baseline]))  # the baseline may be a fixed setting too
     missing = [lab for lab in labels if lab not in set(df["label"])]
     if missing:
         raise ValueError(f"no results for {', '.join(missing)}")
-    if len(fixed) < 2:
+    if len(set(fixed)) < 2:
         raise ValueError("a frontier needs at least two fixed-parameter settings")
     df = df[df["label"].isin(labels)].copy()
     key = df["task"].astype(str) + "\x00" + df["problem_id"].astype(str) + "\x00" + df["seed"].astype(str)
@@ -92,13 +93,13 @@ def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str]
     with np.errstate(invalid="ignore", divide="ignore"):
         be = s["accepted"] / s["rounds"]
         acc = 100.0 * s["passed"] / s["one"]
-    fixed_i = list(range(len(fixed)))
-    base_i = len(labels) - 1
+    fixed_i = [labels.index(lab) for lab in dict.fromkeys(fixed)]
+    base_i = labels.index(baseline)
     rows = []
     for j, lab in enumerate(labels):
-        kind = "fixed" if j < len(fixed) else "baseline" if j == base_i else "budget"
-        row = {"setting": lab, "kind": kind, "be": be[0, j], "acc": acc[0, j], "units": int(mats["one"][:, j].sum()),
-               "problems": len(clusters)}
+        kind = "baseline" if j == base_i else "fixed" if j in fixed_i else "budget"
+        row = {"setting": lab, "kind": kind, "frontier": j in fixed_i, "be": be[0, j], "acc": acc[0, j],
+               "units": int(mats["one"][:, j].sum()), "problems": len(clusters)}
         row["be_lo"], row["be_hi"] = percentile_interval(be[1:, j])
         row["acc_lo"], row["acc_hi"] = percentile_interval(acc[1:, j])
         if kind == "budget":
@@ -130,6 +131,15 @@ def _ci(x: float, lo: float, hi: float, fmt: str) -> str:
     return f"{fmt.format(x)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
+def _short(label: str) -> str:
+    """A plot annotation: the parameters inside a label's parentheses, less its realization (the legend names the
+    kind): 'adaptive-interpolation(lam=0.2, realization=residual)' -> 'lam=0.2'."""
+    if "(" not in label or not label.endswith(")"):
+        return label
+    inner = [part.strip() for part in label[label.index("(") + 1:-1].split(",")]
+    return ", ".join(part for part in inner if not part.startswith("realization=")) or label
+
+
 def plot_frontier(table: pd.DataFrame, path: Path) -> None:
     """BE against pass@1: the fixed settings joined in BE order, the budgeted ones likewise, the baseline a star;
     95% intervals as error bars."""
@@ -139,13 +149,15 @@ def plot_frontier(table: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    on = table["frontier"] if "frontier" in table else table["kind"] == "fixed"
     for kind, style in (("fixed", "o-"), ("budget", "s-")):
-        t = table[table["kind"] == kind].sort_values("be")
+        t = table[on if kind == "fixed" else table["kind"] == "budget"].sort_values("be")
         ax.errorbar(t["be"], t["acc"], xerr=[t["be"] - t["be_lo"], t["be_hi"] - t["be"]],
                     yerr=[t["acc"] - t["acc_lo"], t["acc_hi"] - t["acc"]], fmt=style, capsize=2,
                     label="fixed parameter" if kind == "fixed" else "TV budget")
         for _, r in t.iterrows():
-            ax.annotate(r["setting"], (r["be"], r["acc"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(_short(r["setting"]), (r["be"], r["acc"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
     base = table[table["kind"] == "baseline"].iloc[0]
     ax.plot([base["be"]], [base["acc"]], "k*", markersize=11, label=base["setting"])
     ax.axhline(base["acc"], color="k", lw=0.6, ls="--")
@@ -153,7 +165,7 @@ def plot_frontier(table: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("pass@1 (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -164,7 +176,8 @@ def write_frontier(table: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
     table.to_csv(out / "frontier.csv", index=False)
     rows = []
     for _, r in table.iterrows():
-        rows.append([r["setting"], r["kind"], _ci(r["be"], r["be_lo"], r["be_hi"], "{:.3f}"),
+        kind = "baseline, fixed" if r["kind"] == "baseline" and r.get("frontier", False) else r["kind"]
+        rows.append([r["setting"], kind, _ci(r["be"], r["be_lo"], r["be_hi"], "{:.3f}"),
                      _ci(r["acc"], r["acc_lo"], r["acc_hi"], "{:.1f}"),
                      _ci(r.get("vs_fixed", math.nan), r.get("vs_fixed_lo", math.nan), r.get("vs_fixed_hi", math.nan),
                          "{:+.1f}") if r["kind"] == "budget" else "",
