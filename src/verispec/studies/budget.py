@@ -149,12 +149,11 @@ def plot_frontier(table: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    on = table["frontier"] if "frontier" in table else table["kind"] == "fixed"
-    for kind, style in (("fixed", "o-"), ("budget", "s-")):
-        t = table[on if kind == "fixed" else table["kind"] == "budget"].sort_values("be")
+    for on, style, label in ((table["frontier"], "o-", "fixed parameter"), (table["kind"] == "budget", "s-",
+                                                                             "TV budget")):
+        t = table[on].sort_values("be")
         ax.errorbar(t["be"], t["acc"], xerr=[t["be"] - t["be_lo"], t["be_hi"] - t["be"]],
-                    yerr=[t["acc"] - t["acc_lo"], t["acc_hi"] - t["acc"]], fmt=style, capsize=2,
-                    label="fixed parameter" if kind == "fixed" else "TV budget")
+                    yerr=[t["acc"] - t["acc_lo"], t["acc_hi"] - t["acc"]], fmt=style, capsize=2, label=label)
         for _, r in t.iterrows():
             ax.annotate(_short(r["setting"]), (r["be"], r["acc"]), fontsize=6, xytext=(3, 3),
                         textcoords="offset points")
@@ -176,7 +175,7 @@ def write_frontier(table: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
     table.to_csv(out / "frontier.csv", index=False)
     rows = []
     for _, r in table.iterrows():
-        kind = "baseline, fixed" if r["kind"] == "baseline" and r.get("frontier", False) else r["kind"]
+        kind = "baseline, fixed" if r["kind"] == "baseline" and r["frontier"] else r["kind"]
         rows.append([r["setting"], kind, _ci(r["be"], r["be_lo"], r["be_hi"], "{:.3f}"),
                      _ci(r["acc"], r["acc_lo"], r["acc_hi"], "{:.1f}"),
                      _ci(r.get("vs_fixed", math.nan), r.get("vs_fixed_lo", math.nan), r.get("vs_fixed_hi", math.nan),

@@ -476,32 +476,33 @@ def choose(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, epsilon: float | 
     for _ in range(64):  # rounding: step toward lossless until the computed distance is within the budget
         over = tv > eps
         if not bool(over.any()):
-            break
+            return theta, tv
         theta = torch.where(over, theta + (1 - theta) * 1e-9 + 1e-15, theta).clamp(max=1.0)
         tv = tv_closed_form(base, p, q, theta, d)
-    if name == "overshoot-ceiling" and bool((tv > eps).any()):
+
+    def take(candidate: torch.Tensor) -> bool:
+        """Take ``candidate`` where the current theta is over the budget and it is not; True if none is over."""
+        nonlocal theta, tv
+        tv_c = tv_closed_form(base, p, q, candidate, d)
+        fixed = (tv > eps) & (tv_c <= eps)
+        theta, tv = torch.where(fixed, candidate, theta), torch.where(fixed, tv_c, tv)
+        return not bool((tv > eps).any())
+
+    if name == "overshoot-ceiling":
         # the solve's lam can sit on a threshold t = p/q where the rule's float test q <= p/lam fails, so the token
         # takes the ceiling branch (near d) and stepping up only stays there: step down from it ulp by ulp instead,
-        # to where the test holds and the token's term is (1 - lam) d
-        down = solved
+        # to where the test holds and the token's term is (1 - lam) d; failing that (t - ulps is over too), solve
+        # again a relative 1e-9 inside the budget
+        down, done = solved, False
         for _ in range(16):
             down = torch.nextafter(down, torch.zeros_like(down)).clamp(min=fam.lowest)
-            tv_down = tv_closed_form(base, p, q, down, d)
-            fixed = (tv > eps) & (tv_down <= eps)
-            theta, tv = torch.where(fixed, down, theta), torch.where(fixed, tv_down, tv)
-            if not bool((tv > eps).any()):
+            if done := take(down):
                 break
-        if bool((tv > eps).any()):  # t - ulps is over too: solve again a relative 1e-9 inside the budget
-            tight = eps * (1 - 1e-9)
-            lam = _overshoot_lam(flat_p, q.reshape(flat_p.shape), flat_d, tight.reshape(-1), fam.lowest)
-            again = lam.reshape(eps.shape).clamp(min=fam.lowest, max=1.0)
-            tv_again = tv_closed_form(base, p, q, again, d)
-            fixed = (tv > eps) & (tv_again <= eps)
-            theta, tv = torch.where(fixed, again, theta), torch.where(fixed, tv_again, tv)
-    if fam.lossless_at_one and bool((tv > eps).any()):  # a last guard: lossless (distance 0) never breaks it
-        theta = torch.where(tv > eps, torch.ones_like(theta), theta)
-        tv = tv_closed_form(base, p, q, theta, d)
-    if not fam.lossless_at_one and bool((tv > eps).any()):  # l = 1 still over: lossless there
-        theta = torch.where(tv > eps, torch.full_like(theta, math.nan), theta)
-        tv = torch.where(tv > eps, torch.zeros_like(tv), tv)
+        if not done:
+            lam = _overshoot_lam(flat_p, q.reshape(flat_p.shape), flat_d, (eps * (1 - 1e-9)).reshape(-1), fam.lowest)
+            take(lam.reshape(eps.shape).clamp(min=fam.lowest, max=1.0))
+    # a last guard: lossless (distance 0) never breaks the budget; the min-p cap is not lossless at l = 1, so NaN
+    over = tv > eps
+    theta = torch.where(over, torch.full_like(theta, 1.0 if fam.lossless_at_one else math.nan), theta)
+    tv = torch.where(over, torch.zeros_like(tv), tv)
     return theta, tv
