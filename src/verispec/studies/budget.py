@@ -149,8 +149,8 @@ def plot_frontier(table: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for on, style, label in ((table["frontier"], "o-", "fixed parameter"), (table["kind"] == "budget", "s-",
-                                                                             "TV budget")):
+    series = ((table["frontier"], "o-", "fixed parameter"), (table["kind"] == "budget", "s-", "TV budget"))
+    for on, style, label in series:
         t = table[on].sort_values("be")
         ax.errorbar(t["be"], t["acc"], xerr=[t["be"] - t["be_lo"], t["be_hi"] - t["be"]],
                     yerr=[t["acc"] - t["acc_lo"], t["acc_hi"] - t["acc"]], fmt=style, capsize=2, label=label)
