@@ -32,7 +32,9 @@ def _frame() -> pd.DataFrame:
 
 
 def test_matched_difference_interpolates_the_fixed_frontier():
-    t = frontier_frame(_frame(), ["budget-mid", "budget-far"], ["fixed-a", "fixed-b"], n_boot=300).set_index("setting")
+    t = frontier_frame(_frame(), ["budget-far", "budget-mid"], ["fixed-b", "fixed-a"], n_boot=300)
+    assert list(t["setting"]) == ["lossless", "fixed-a", "fixed-b", "budget-mid", "budget-far"]  # grouped, BE order
+    t = t.set_index("setting")
     assert t.loc["fixed-a", "be"] == 2.0 and t.loc["fixed-b", "acc"] == 30.0
     assert t.loc["budget-mid", "vs_fixed"] == pytest.approx(55.0 - 45.0)
     assert t.loc["budget-mid", "vs_baseline"] == pytest.approx(55.0 - 65.0)

@@ -70,9 +70,10 @@ def _matched(be: np.ndarray, acc: np.ndarray, fixed: list[int], b: int) -> np.nd
 
 def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str], baseline: str = "lossless",
                    n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> pd.DataFrame:
-    """One row per setting (fixed, budgeted, baseline): BE and pass@1 with intervals; for budgeted settings the
-    matched difference to the fixed frontier and the gap to the baseline, with intervals. ``df``: result rows
-    (:func:`verispec.eval.report.load_frame`) of every listed setting."""
+    """One row per setting, the baseline and fixed ones first, then the budgeted ones, each group in BE order: BE
+    and pass@1 with intervals; for budgeted settings the matched difference to the fixed frontier and the gap to
+    the baseline, with intervals. ``df``: result rows (:func:`verispec.eval.report.load_frame`) of every listed
+    setting."""
     labels = list(dict.fromkeys([*fixed, *budget, baseline]))  # the baseline may be a fixed setting too
     missing = [lab for lab in labels if lab not in set(df["label"])]
     if missing:
@@ -112,7 +113,10 @@ def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str]
             row["vs_baseline"] = gap[0]
             row["vs_baseline_lo"], row["vs_baseline_hi"] = percentile_interval(gap[1:])
         rows.append(row)
-    return pd.DataFrame(rows)
+    # read in order: the baseline and fixed settings by BE, then the budgets by BE
+    out = pd.DataFrame(rows)
+    out["_rank"] = (out["kind"] == "budget").astype(int)
+    return out.sort_values(["_rank", "be"], kind="stable").drop(columns="_rank").reset_index(drop=True)
 
 
 def frontier(budget_run: str | Path, fixed_run: str | Path, fixed: Sequence[str], baseline: str = "lossless",
