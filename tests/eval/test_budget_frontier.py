@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from verispec.cli.main import main
-from verispec.studies.budget import _short, frontier_frame
+from verispec.studies.budget import _short, frontier_frame, matched_difference
 
 N = 40  # problems, one seed
 
@@ -86,3 +87,26 @@ def test_command_writes_the_frontier(tmp_path):
     assert res.exit_code == 0, res.output
     assert "| lossless | baseline, fixed |" in res.output
     assert (tmp_path / "budget" / "frontier" / "frontier.png").exists()
+
+
+def test_the_upper_envelope_skips_a_dip():
+    """Fixed points (BE, pass@1) lossless (1, 65), a (2, 60), dip (3, 40), b (4, 30): interpolating between the
+    BE-adjacent settings puts the frontier at 50% at BE 2.5, the envelope (the least concave majorant: lossless,
+    a, b; the dip lies below the chord from a to b, 45% at BE 3) at 52.5%; a budget there at 55% is +5 against
+    the first, +2.5 against the second. At BE 3 they differ by the dip (40 vs 45); at a vertex's own BE they agree;
+    outside the fixed range neither is defined."""
+    rows = (_units("lossless", 1.0, 26, True) + _units("fixed-a", 2.0, 24) + _units("dip", 3.0, 16)
+            + _units("fixed-b", 4.0, 12) + _units("budget-mid", 2.5, 22) + _units("budget-far", 5.0, 10))
+    t = frontier_frame(pd.DataFrame(rows), ["budget-mid", "budget-far"], ["lossless", "fixed-a", "dip", "fixed-b"],
+                       n_boot=200).set_index("setting")
+    assert t.loc["budget-mid", "vs_fixed"] == pytest.approx(55.0 - 50.0)
+    assert t.loc["budget-mid", "vs_envelope"] == pytest.approx(55.0 - 52.5)
+    assert t.loc["budget-mid", "vs_envelope_lo"] <= 2.5 <= t.loc["budget-mid", "vs_envelope_hi"]
+    assert math.isnan(t.loc["budget-far", "vs_envelope"])
+    be = np.array([[1.0, 2.0, 3.0, 4.0, 3.0, 2.0]])
+    acc = np.array([[65.0, 60.0, 40.0, 30.0, 45.0, 61.0]])
+    assert matched_difference(be, acc, [0, 1, 2, 3], 4, "interpolation")[0] == pytest.approx(45.0 - 40.0)
+    assert matched_difference(be, acc, [0, 1, 2, 3], 4, "envelope")[0] == pytest.approx(45.0 - 45.0)
+    assert matched_difference(be, acc, [0, 1, 2, 3], 5, "envelope")[0] == pytest.approx(61.0 - 60.0)
+    with pytest.raises(ValueError, match="construction"):
+        matched_difference(be, acc, [0, 1], 4, "hull")

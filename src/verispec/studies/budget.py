@@ -20,6 +20,12 @@ no matched comparison (reported as such); the share of resamples in which it fal
 (``vs_fixed_unmatched``; the interval is over the others). The baseline may be one of the fixed settings: a family
 lossless at theta = 1 (CoS-WE at lam 1) has lossless as its frontier's end point, so a budget between lossless and
 the least relaxed fixed setting is matched too. Also the plain gap to lossless (acc_b - acc_lossless, paired).
+
+The fixed frontier is also read as its upper envelope: the least concave majorant of the fixed settings' (BE,
+pass@1) points, i.e. the best accuracy that mixing two fixed settings (a random one per request) reaches at each
+block efficiency. Interpolating between BE-adjacent fixed settings follows every dip of the fixed points (a setting
+below the line through its neighbours); the envelope does not, so acc_b minus the envelope (``vs_envelope``) is the
+harder comparison of the two. Both are recomputed in every resample.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ import pandas as pd
 from verispec.eval.report import load_frame, md_table
 from verispec.eval.stats import BOOT_SEED, N_BOOT, cluster_weights, percentile_interval
 
-__all__ = ["frontier", "frontier_frame", "plot_frontier", "write_frontier"]
+__all__ = ["frontier", "frontier_frame", "frontier_resamples", "matched_difference", "plot_frontier",
+           "write_frontier"]
 
 
 def _sums(df: pd.DataFrame, labels: list[str], clusters: list[str]) -> dict[str, np.ndarray]:
@@ -46,6 +53,46 @@ def _sums(df: pd.DataFrame, labels: list[str], clusters: list[str]) -> dict[str,
         vals = np.ones(len(df)) if col == "one" else df[col].to_numpy(dtype=float)
         np.add.at(m, (df["cluster"].map(ci).to_numpy(), df["label"].map(si).to_numpy()), vals)
         out[col] = m
+    return out
+
+
+def _upper_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vertices of the least concave majorant of the points (x sorted ascending): at a repeated x the highest
+    y, then every point on or below the chord of its neighbours dropped (monotone chain)."""
+    hx: list[float] = []
+    hy: list[float] = []
+    for xi, yi in zip(x.tolist(), y.tolist(), strict=True):
+        if hx and xi == hx[-1]:
+            if yi <= hy[-1]:
+                continue
+            hx.pop()
+            hy.pop()
+        while len(hx) >= 2 and (hy[-1] - hy[-2]) * (xi - hx[-2]) <= (yi - hy[-2]) * (hx[-1] - hx[-2]):
+            hx.pop()
+            hy.pop()
+        hx.append(xi)
+        hy.append(yi)
+    return np.array(hx), np.array(hy)
+
+
+def matched_difference(be: np.ndarray, acc: np.ndarray, fixed: Sequence[int], b: int,
+                       construction: str = "interpolation") -> np.ndarray:
+    """acc_b minus the fixed frontier's accuracy at BE_b, per row of the [R, S] matrices ``be`` and ``acc`` (NaN
+    where BE_b lies outside the fixed settings' BE range). ``construction``: "interpolation" (linear between the
+    BE-adjacent fixed settings) or "envelope" (linear along the upper envelope, the least concave majorant of the
+    fixed points)."""
+    if construction not in ("interpolation", "envelope"):
+        raise ValueError(f"construction must be 'interpolation' or 'envelope', got {construction!r}")
+    fixed = list(fixed)
+    if construction == "interpolation":
+        return _matched(be, acc, fixed, b)
+    out = np.full(be.shape[0], math.nan)
+    for r in range(be.shape[0]):
+        order = np.argsort(be[r, fixed], kind="stable")
+        hx, hy = _upper_hull(be[r, fixed][order], acc[r, fixed][order])
+        x = be[r, b]
+        if hx[0] <= x <= hx[-1]:
+            out[r] = acc[r, b] - float(np.interp(x, hx, hy))
     return out
 
 
@@ -68,12 +115,13 @@ def _matched(be: np.ndarray, acc: np.ndarray, fixed: list[int], b: int) -> np.nd
     return out
 
 
-def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str], baseline: str = "lossless",
-                   n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> pd.DataFrame:
-    """One row per setting, the baseline and fixed ones first, then the budgeted ones, each group in BE order: BE
-    and pass@1 with intervals; for budgeted settings the matched difference to the fixed frontier and the gap to
-    the baseline, with intervals. ``df``: result rows (:func:`verispec.eval.report.load_frame`) of every listed
-    setting."""
+def frontier_resamples(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str], baseline: str = "lossless",
+                       n_boot: int = N_BOOT, seed: int = BOOT_SEED
+                       ) -> tuple[list[str], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """(labels, BE, pass@1 %, cluster sums) of every listed setting on the (task, problem, seed) keys all of them
+    completed: BE and pass@1 as [1 + n_boot, S] matrices, row 0 the point estimate and every other row one cluster
+    resample (:func:`verispec.eval.stats.cluster_weights`), columns in ``labels`` order (fixed, budget, baseline,
+    each once); the sums {accepted, rounds, passed, one} are [C, S]."""
     labels = list(dict.fromkeys([*fixed, *budget, baseline]))  # the baseline may be a fixed setting too
     missing = [lab for lab in labels if lab not in set(df["label"])]
     if missing:
@@ -94,6 +142,17 @@ def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str]
     with np.errstate(invalid="ignore", divide="ignore"):
         be = s["accepted"] / s["rounds"]
         acc = 100.0 * s["passed"] / s["one"]
+    return labels, be, acc, mats
+
+
+def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str], baseline: str = "lossless",
+                   n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """One row per setting, the baseline and fixed ones first, then the budgeted ones, each group in BE order: BE
+    and pass@1 with intervals; for budgeted settings the matched difference to the fixed frontier and the gap to
+    the baseline, with intervals. ``df``: result rows (:func:`verispec.eval.report.load_frame`) of every listed
+    setting."""
+    labels, be, acc, mats = frontier_resamples(df, budget, fixed, baseline, n_boot, seed)
+    clusters = range(mats["one"].shape[0])
     fixed_i = [labels.index(lab) for lab in dict.fromkeys(fixed)]
     base_i = labels.index(baseline)
     rows = []
@@ -109,6 +168,10 @@ def frontier_frame(df: pd.DataFrame, budget: Sequence[str], fixed: Sequence[str]
             row["vs_fixed_lo"], row["vs_fixed_hi"] = (percentile_interval(d[1:], finite_only=True)
                                                       if math.isfinite(d[0]) else (math.nan, math.nan))
             row["vs_fixed_unmatched"] = float(np.mean(~np.isfinite(d[1:])))  # resamples outside the fixed range
+            e = matched_difference(be, acc, fixed_i, j, "envelope")
+            row["vs_envelope"] = e[0]
+            row["vs_envelope_lo"], row["vs_envelope_hi"] = (percentile_interval(e[1:], finite_only=True)
+                                                            if math.isfinite(e[0]) else (math.nan, math.nan))
             gap = acc[:, j] - acc[:, base_i]
             row["vs_baseline"] = gap[0]
             row["vs_baseline_lo"], row["vs_baseline_hi"] = percentile_interval(gap[1:])
@@ -184,10 +247,12 @@ def write_frontier(table: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
                      _ci(r["acc"], r["acc_lo"], r["acc_hi"], "{:.1f}"),
                      _ci(r.get("vs_fixed", math.nan), r.get("vs_fixed_lo", math.nan), r.get("vs_fixed_hi", math.nan),
                          "{:+.1f}") if r["kind"] == "budget" else "",
+                     _ci(r.get("vs_envelope", math.nan), r.get("vs_envelope_lo", math.nan),
+                         r.get("vs_envelope_hi", math.nan), "{:+.1f}") if r["kind"] == "budget" else "",
                      _ci(r["vs_baseline"], r["vs_baseline_lo"], r["vs_baseline_hi"], "{:+.1f}")
                      if r["kind"] == "budget" else "", str(r["units"])])
     md = md_table(["setting", "kind", "BE [95% CI]", "pass@1 % [95% CI]", "vs fixed at equal BE (pp)",
-                   "vs baseline (pp)", "units"], rows)
+                   "vs the fixed envelope at equal BE (pp)", "vs baseline (pp)", "units"], rows)
     (out / "frontier.md").write_text(md + "\n")
     plot_frontier(table, out / "frontier.png")
     return {"md": out / "frontier.md", "csv": out / "frontier.csv", "png": out / "frontier.png"}
