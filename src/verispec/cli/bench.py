@@ -10,6 +10,7 @@ A click group (``bench``) registered on the main CLI. Commands::
     verispec bench compare RUN_A [RUN_B] [--pair LOSSY=BASELINE ...] [--out FILE.md]  # gap in A vs gap in B
     verispec bench estimate RUN_DIR [--top-k 64 | --full] [--max-per-setting N]
     verispec bench be-curves LOG --out DIR [--gamma 5] [--fine] [--n-boot 2000] [--seed 0]
+    verispec bench findings RESULTS_DIR [--check]                      # findings.json + FINDINGS.md's verdicts
     verispec bench power table RUN_DIR [--csv FILE]                    # power analysis + plan (POWER.md)
     verispec bench power coupling COMMON_DIR INDEPENDENT_DIR [--csv FILE]
     verispec bench figure4 log RUN_DIR --out DISTS.pt [...]            # Figure 4 on real pairs (p, q logged)
@@ -337,6 +338,37 @@ def forest_cmd(run_dir: str, out_dir: str | None, n_boot: int, problems_text: st
     paths = write_forest(table, out_dir or Path(run_dir) / "forest", Path(run_dir).name)
     click.echo(paths["md"].read_text())
     click.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+@bench.command(name="findings")
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="findings.json to write [default: RESULTS_DIR/findings.json].")
+@click.option("--findings-md", "findings_md", default=None, type=click.Path(dir_okay=False),
+              help="FINDINGS.md whose verdict cells and table of comparisons are regenerated "
+                   "[default: RESULTS_DIR/FINDINGS.md, when it exists].")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 when a file would change.")
+def findings_cmd(results_dir: str, out_path: str | None, findings_md: str | None, n_boot: int, check: bool) -> None:
+    """Every comparison FINDINGS.md rests on, from the committed runs under RESULTS_DIR (verispec.studies.findings):
+    paired cluster-bootstrap 95% and family-adjusted (Bonferroni) intervals and the verdict of each
+    (verispec.studies.verdict); findings.json and FINDINGS.md's verdicts regenerated."""
+    from verispec.studies.findings import write_findings
+
+    try:
+        objs, changed = write_findings(results_dir, out_path, findings_md, n_boot=n_boot, check=check)
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    counts: dict[str, int] = {}
+    for o in objs:
+        counts[o["verdict"]] = counts.get(o["verdict"], 0) + 1
+    click.echo(f"{len(objs)} comparisons: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    if check:
+        if changed:
+            raise _fail(f"out of date: {', '.join(str(p) for p in changed)} (run without --check to regenerate)")
+        click.echo("up to date")
+    else:
+        click.echo("wrote " + (", ".join(str(p) for p in changed) if changed else "nothing (up to date)"))
 
 
 @bench.command(name="estimate")
