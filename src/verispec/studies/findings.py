@@ -378,8 +378,8 @@ def _frontier(c: Comparison, frames: _Frames, cache: dict) -> tuple[np.ndarray |
     sa, sb = frames.scope(c.run, c.task, c.problems), frames.scope(c.run_b, c.task, c.problems)
     design = sa.design & sb.design
     budgets = [lab for lab in sa.rows if sa.covers(lab, design)]
-    fixed = [lab for lab in sb.rows if (lab == LOSSLESS or re.fullmatch(c.fixed_pattern, lab))
-             and sb.covers(lab, design)]
+    fixed = sorted((lab for lab in sb.rows if (lab == LOSSLESS or re.fullmatch(c.fixed_pattern, lab))
+                    and sb.covers(lab, design)), key=lambda lab: (lab != LOSSLESS, lab))  # lossless first
     if not (c.a in budgets and LOSSLESS in fixed and len(fixed) >= 2):
         return None, 0, fixed
     key = (c.run, c.run_b, c.task, c.problems)
