@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("testing",),
     # vLLM's sweep engine and certification sit with the harness: they use the runtime's types, the analysis and
     # the test statistics, while the plug-in itself stays on the floor of the rules it imports
-    ("eval", "server", "integrations.vllm.engine", "integrations.vllm.certify"),
+    ("eval", "server", "audit", "integrations.vllm.engine", "integrations.vllm.certify"),
     ("studies",),
     ("cli",),
 ]

@@ -627,6 +627,122 @@ def models_status() -> None:
 
 
 
+# ----------------------------------------------------------------------------------------------- audit
+def _json_option(text: str | None, name: str) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _fail(f"{name}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _fail(f"{name}: expected a JSON object")
+    return value
+
+
+@main.command()
+@click.option("--base-url", required=True, help="The engine under test (OpenAI-compatible, e.g. http://HOST:8000).")
+@click.option("--model", required=True, help="The model name the engine serves.")
+@click.option("--reference-model", default=None, metavar="GGUF|NAME|DIR",
+              help="Reference: the same weights as a GGUF or registered name (llama.cpp) or an HF directory.")
+@click.option("--reference-url", default=None, help="Reference: an endpoint of the same model without speculation "
+              "(its top logprobs are read).")
+@click.option("--reference-logprobs", type=click.Choice(["auto", "processed", "raw"]), default="auto",
+              show_default=True, help="Whether --reference-url reports processed (verispec) or raw (vLLM) logprobs.")
+@click.option("--reference-draft", default=None, metavar="GGUF|NAME|DIR",
+              help="The draft model, for a declared lossy rule's law.")
+@click.option("--api-key", default=None, help="Bearer token for the endpoints.")
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Prompts, one JSON string or plain line each (default: chosen automatically).")
+@click.option("--alpha", default=1e-4, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True))
+@click.option("--tv", "target_tv", default=0.05, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="The TV the audit must detect with --power.")
+@click.option("--power", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True))
+@click.option("--time-limit", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Seconds in all.")
+@click.option("--samples", "n", default=None, type=click.IntRange(min=1),
+              help="Samples per prompt (default: planned for --tv at --power).")
+@click.option("--temperature", default=None, type=click.FloatRange(min=0))
+@click.option("--top-k", default=None, type=click.IntRange(min=0), help="0: not sent.")
+@click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--min-p", default=None, type=click.FloatRange(0, 1))
+@click.option("--length", default=None, type=click.IntRange(1, 6), help="Tokens per continuation.")
+@click.option("--frequency-penalty", default=None, type=float)
+@click.option("--presence-penalty", default=None, type=float)
+@click.option("--repetition-penalty", default=None, type=float)
+@click.option("--logit-bias", default=None, metavar="JSON", help='Token id -> bias, e.g. \'{"13": 5}\'.')
+@click.option("--verification", default=None, metavar="JSON",
+              help="Sent in every request; declares the rule whose law is audited (a lossy rule: its induced law).")
+@click.option("--gamma", default=None, type=click.IntRange(min=0),
+              help="Sent as verispec's speculative.gamma; the round structure of a lossy rule's law.")
+@click.option("--extra-body", default=None, metavar="JSON", help="More fields for every request to the engine.")
+@click.option("--check-logprobs", is_flag=True, help="Also compare the engine's reported logprobs with the reference.")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--per-request", default=8, show_default=True, type=click.IntRange(1, 16),
+              help="Choices (n) per request.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--tau", default=None, type=click.FloatRange(min=0), help="Tolerance (default: measured, floor 1e-3).")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line (last on stdout); progress on stderr.")
+def audit(base_url: str, model: str, reference_model: str | None, reference_url: str | None,
+          reference_logprobs: str, reference_draft: str | None, api_key: str | None, prompts_file: str | None,
+          alpha: float, target_tv: float, power: float, time_limit: float, n: int | None,
+          temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
+          length: int | None, frequency_penalty: float | None, presence_penalty: float | None,
+          repetition_penalty: float | None, logit_bias: str | None, verification: str | None, gamma: int | None,
+          extra_body: str | None, check_logprobs: bool, concurrency: int, per_request: int, seed: int,
+          tau: float | None, out_dir: str | None, as_json: bool) -> None:
+    """Audit an engine's sampling (speculative or not) through its OpenAI API against the exact law of short
+    continuations: verdict pass / fail / underpowered with the p-value, the TV and its CI, and the smallest TV the
+    run could detect. Exit status 0 pass, 1 fail, 2 underpowered, 3 no verdict (docs/audit.md)."""
+    import sys
+
+    from verispec.audit import AuditInputError
+    from verispec.audit import audit as run_audit
+
+    def no_verdict(message: str) -> None:
+        click.echo(f"audit: no verdict: {message}", err=True)
+        if as_json:
+            click.echo(json.dumps({"verdict": None, "error": message}))
+        sys.exit(3)
+
+    try:
+        prompts = None
+        if prompts_file is not None:
+            prompts = []
+            for line in open(prompts_file, encoding="utf-8").read().splitlines():
+                if line.strip():
+                    try:
+                        value = json.loads(line)
+                    except ValueError:
+                        value = line
+                    prompts.append(value if isinstance(value, str) else line)
+        penalties = {k: v for k, v in (("frequency_penalty", frequency_penalty), ("presence_penalty",
+                     presence_penalty), ("repetition_penalty", repetition_penalty)) if v is not None}
+        report = run_audit(
+            base_url, model, reference_model=reference_model, reference_url=reference_url,
+            reference_draft=reference_draft, reference_logprobs=reference_logprobs, api_key=api_key,
+            prompts=prompts, alpha=alpha, target_tv=target_tv, power=power, time_limit=time_limit, n=n,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, length=length,
+            penalties=penalties or None, logit_bias=_json_option(logit_bias, "--logit-bias"),
+            verification=_json_option(verification, "--verification"), gamma=gamma,
+            extra_body=_json_option(extra_body, "--extra-body"), check_logprobs=check_logprobs,
+            concurrency=concurrency, per_request=per_request, seed=seed, tau=tau, out_dir=out_dir)
+    except (AuditInputError, ValueError) as exc:
+        no_verdict(str(exc))
+        return
+    d = report.as_dict()
+    if as_json:
+        click.echo(json.dumps(d, default=str, separators=(",", ":")))
+    else:
+        t, pw, tv = d["test"], d["power"], d["tv"]
+        click.echo(f"verdict: {d['verdict']}\np-value: {t['pvalue']:.3g} (alpha {t['alpha']:g}, tau {t['tau']:.2g})\n"
+                   f"TV: {tv['estimate']:.4f} [{tv['ci95'][0]:.4f}, {tv['ci95'][1]:.4f}]\n"
+                   f"N: {d['n']['total']}; smallest TV detectable with power {pw['power_goal']}: "
+                   f"{pw['min_detectable_tv']:.4f}")
+    sys.exit(report.exit_code)
+
+
+
 # ----------------------------------------------------------------------------------------------- bench
 def _register_bench() -> None:
     from verispec.cli.bench import bench

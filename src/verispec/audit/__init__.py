@@ -1,0 +1,12 @@
+"""Audit any engine's sampling, speculative or not, black-box through its OpenAI-compatible API: the law of short
+continuations it samples against their exact reference law, with a tolerance for float noise and stated power
+(docs/audit.md)."""
+
+from __future__ import annotations
+
+from verispec.audit.client import AuditInputError, EngineClient
+from verispec.audit.core import AuditReport, audit, choose_design
+from verispec.audit.reference import ModelReference, UrlReference
+
+__all__ = ["AuditInputError", "AuditReport", "EngineClient", "ModelReference", "UrlReference", "audit",
+           "choose_design"]

@@ -1,0 +1,293 @@
+"""The reference law of short continuations, by enumeration.
+
+A continuation is an outcome ``(text, ended)``: the text the engine returns and whether it ended on an
+end-of-sequence token (``finish_reason`` "stop") rather than at ``max_tokens``. Its law is computed over token
+paths and folded onto outcomes (paths cut at their first end token, then decoded; paths with the same text merge,
+which only makes the test coarser). The engine's stopping at an end token does not change the law of the tokens
+before it, so the cut law of paths generated past it is exact.
+
+Two references:
+
+* :class:`ModelReference` (``--reference-model``: a GGUF run by verispec's llama.cpp backend, or an HF directory
+  run by transformers): exact for the given weights. The lossless law is the product of the processed target
+  distributions p (bias, penalties with the path's history, temperature, top-k / top-p / min-p: the same code the
+  engine verifies with) along each path; a declared lossy rule's law is the rule's exact induced law over whole
+  continuations, :func:`verispec.analysis.sequence.sequence_distribution` with the draft model's q and the engine's
+  round structure (gamma). Its float noise is measured (:meth:`ModelReference.noise_tv`).
+* :class:`UrlReference` (``--reference-url``: an endpoint of the same model without speculation): the law from the
+  endpoint's top-20 logprobs at every prefix. They are either of the processed distribution (verispec's: they sum
+  to 1 over the kept tokens) or raw log-softmax (vLLM's default), which is processed here (temperature, then
+  top-k renormalized; raw needs top_k <= 20 and no penalties or bias). Exact when the endpoint re-tokenizes
+  ``prompt + prefix text`` into the same tokens (a character or whitespace-split boundary; checked where the
+  endpoint echoes prompt tokens) and the processed law keeps at most 20 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+from verispec import models
+from verispec.analysis.sequence import sequence_distribution
+from verispec.api import load_llamacpp_target
+from verispec.audit.client import AuditInputError, EngineClient
+from verispec.backends.base import ScoreRequest
+from verispec.backends.hf import HFBackend
+from verispec.core import rules as _rules
+from verispec.core.sampling import History, SamplingConfig, process
+
+__all__ = ["EOS_PIECES", "ModelReference", "Outcome", "UrlReference", "fold"]
+
+Outcome = tuple[str, bool]
+#: end-of-sequence token texts an endpoint's logprobs may show (an end token has no text in the answer)
+EOS_PIECES = frozenset({"<|endoftext|>", "<|im_end|>", "</s>", "<|eot_id|>", "<|end|>", "<eos>", "<|end_of_text|>"})
+#: raw logit gap below which the k-th and (k + 1)-th tokens count as a near-tie at the top-k boundary
+TIE_GAP = 0.02
+
+
+def fold(paths: dict[tuple, float], is_end: Callable[[Hashable], bool],
+         text: Callable[[tuple], str]) -> dict[Outcome, float]:
+    """Path law -> outcome law: each path cut at its first end token, decoded, and merged by text."""
+    out: dict[Outcome, float] = {}
+    for path, prob in paths.items():
+        cut = next((i for i, t in enumerate(path) if is_end(t)), None)
+        key = (text(path[:cut] if cut is not None else path), cut is not None)
+        out[key] = out.get(key, 0.0) + prob
+    return out
+
+
+def _hf_eos(model: Any, tokenizer: Any) -> list[int]:
+    """End token ids of an HF model: its generation config's and its tokenizer's."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return sorted(set(ids))
+
+
+class ModelReference:
+    """A model run on one of verispec's backends: ``prefix ids -> raw logits`` (cached), a tokenizer and the end
+    token ids. ``draft`` (another ModelReference) gives q for a declared lossy rule's law."""
+
+    kind = "model"
+    logprobs_kind = "computed"
+
+    def __init__(self, backend: Any, tokenizer: Any, eos_ids: list[int], name: str,
+                 draft: ModelReference | None = None) -> None:
+        self.backend, self.tokenizer, self.eos_ids = backend, tokenizer, set(eos_ids)
+        self.name, self.draft = name, draft
+        self.row = backend.add_row()
+        self.cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self.ties: list[tuple[tuple[int, ...], float]] = []
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], threads: int | None = None, draft: str | None = None
+             ) -> ModelReference:
+        """A registered model name or ``.gguf`` file (llama.cpp, ``threads`` default 1: beside a busy engine on
+        the same cores one thread runs several times faster than two) or an HF directory (transformers, float32)."""
+        key = os.fspath(path)
+        drafted = cls.load(draft, threads) if draft else None
+        if key.endswith(".gguf") or not os.path.isdir(key):
+            try:
+                backend, tok, _, eos = load_llamacpp_target(key, threads=threads or 1, n_ctx=512, max_rows=1)
+                return cls(backend, tok, eos, f"{os.path.basename(key)} (llama.cpp)", drafted)
+            except ImportError as exc:
+                if key.endswith(".gguf"):
+                    raise AuditInputError(f"--reference-model {key}: llama.cpp is not installed ({exc}); give an "
+                                          f"HF directory or --reference-url") from None
+        try:
+            model, tok = models.load_model(key, dtype="float32")
+        except (models.ModelError, OSError) as exc:
+            raise AuditInputError(f"--reference-model {key}: {exc}") from None
+        return cls(HFBackend(model), tok, _hf_eos(model, tok), f"{os.path.basename(key)} (transformers)",
+                   drafted)
+
+    def encode(self, text: str) -> list[int]:
+        if hasattr(self.tokenizer, "encode") and not callable(getattr(self.tokenizer, "apply_chat_template", None)):
+            return list(self.tokenizer.encode(text))
+        try:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except TypeError:
+            return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, ids: tuple[int, ...]) -> str:
+        try:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        except TypeError:
+            return str(self.tokenizer.decode(list(ids)))
+
+    def logits(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        """Raw next-token logits after ``prefix`` (float64), one cached backend call per prefix."""
+        if prefix not in self.cache:
+            out = self.backend.score([ScoreRequest(self.row, list(prefix))])[0]
+            self.cache[prefix] = out[0].to(torch.float64)
+        return self.cache[prefix]
+
+    def dist_fn(self, prompt: tuple[int, ...], cfg: SamplingConfig) -> Callable[[tuple[int, ...]], torch.Tensor]:
+        """prefix -> the processed distribution (bias, penalties with the generated part's history, temperature,
+        truncations), as the engine processes p and q. Near-ties at the top-k boundary are recorded."""
+        vocab = None
+
+        def fn(prefix: tuple[int, ...]) -> torch.Tensor:
+            nonlocal vocab
+            raw = self.logits(prefix)
+            vocab = raw.shape[-1]
+            hist = History.of(list(prompt), list(prefix[len(prompt):]), vocab) if cfg.uses_history else None
+            if cfg.top_k is not None and cfg.temperature > 0 and cfg.top_k < vocab:
+                top = torch.topk(raw, cfg.top_k + 1).values
+                gap = float(top[-2] - top[-1])
+                if gap < TIE_GAP:
+                    self.ties.append((prefix, gap))
+            return process(raw, cfg, hist)
+
+        return fn
+
+    def paths(self, prompt_ids: list[int], cfg: SamplingConfig, length: int, rule: _rules.Rule | None = None,
+              gamma: int = 0, verifier: str = "token") -> dict[tuple, float]:
+        """Exact law of ``length``-token paths: the target's (lossless, any verifier) or ``rule``'s induced law
+        with the draft's q and ``gamma`` drafts per round (the engine's capped rounds)."""
+        prompt = tuple(prompt_ids)
+        p_fn = self.dist_fn(prompt, cfg)
+        if rule is None or rule.lossless:
+            return sequence_distribution("lossless", p_fn, None, 0, length, prompt)
+        if self.draft is None:
+            raise AuditInputError("a lossy rule's law needs the draft model: give --reference-draft")
+        q_fn = self.draft.dist_fn(prompt, cfg)
+        return sequence_distribution(rule, p_fn, q_fn, gamma, length, prompt, verifier=verifier)
+
+    def law(self, prompt: str, cfg: SamplingConfig, length: int, rule: _rules.Rule | None = None, gamma: int = 0,
+            verifier: str = "token") -> tuple[dict[Outcome, float], dict[tuple, float]]:
+        """(outcome law, path law) of the continuations of ``prompt``."""
+        paths = self.paths(self.encode(prompt), cfg, length, rule, gamma, verifier)
+        return fold(paths, lambda t: t in self.eos_ids, self.decode), paths
+
+    def noise_tv(self, prompt: str, cfg: SamplingConfig, paths: dict[tuple, float]) -> float:
+        """TV between the lossless path law computed one prefix at a time (cached, one token per forward) and
+        recomputed with every path in one forward over the whole path (another batch shape): the reference's
+        float noise, the measured part of the tolerance. ``paths``: any path law of the continuations (its length
+        is taken from it; a lossy rule's law is replaced by the target's)."""
+        length = max((len(k) for k in paths), default=0)
+        paths = self.paths(self.encode(prompt), cfg, length)
+        prompt_ids = tuple(self.encode(prompt))
+        other: dict[tuple, float] = {}
+        for path in paths:
+            logits = self.backend.score([ScoreRequest(self.row, list(prompt_ids), list(path[:-1]))])[0]
+            prob = 1.0
+            for i, tok in enumerate(path):
+                hist = (History.of(list(prompt_ids), list(path[:i]), logits.shape[-1]) if cfg.uses_history
+                        else None)
+                prob *= float(process(logits[i].to(torch.float64), cfg, hist)[tok])
+            other[path] = prob
+        total = sum(other.values())
+        return 0.5 * sum(abs(paths[k] - other[k] / max(total, 1e-300)) for k in paths) + 0.5 * abs(1 - total)
+
+    def piece(self, tok: int) -> str:
+        """One token's own decoding (what an endpoint's logprobs call it)."""
+        return self.decode((tok,))
+
+    def close(self) -> None:
+        try:
+            self.backend.remove_row(self.row)
+        except Exception:  # noqa: BLE001 - releasing is best effort
+            pass
+
+
+class UrlReference:
+    """The law read from an endpoint's top logprobs, one request per prefix (``max_tokens`` 1, ``logprobs`` 20).
+    ``logprobs``: "processed", "raw" or "auto" (processed when the reported probabilities of the kept tokens sum
+    to 1 within 1e-3)."""
+
+    kind = "url"
+    TOP = 20
+
+    def __init__(self, client: EngineClient, logprobs: str = "auto") -> None:
+        self.client, self.mode = client, logprobs
+        self.logprobs_kind: str | None = None if logprobs == "auto" else logprobs
+        self.name = f"{client.base} ({client.model})"
+        self.cache: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}
+        self.ties: list[tuple[tuple, float]] = []
+
+    def _top(self, prompt: str, pieces: tuple[str, ...], cfg: SamplingConfig) -> dict[str, float]:
+        key = (prompt, pieces)
+        if key in self.cache:
+            return self.cache[key]
+        fields: dict[str, Any] = {"max_tokens": 1, "temperature": cfg.temperature, "logprobs": self.TOP, "seed": 0}
+        for name in ("top_k", "top_p", "min_p"):
+            if getattr(cfg, name) is not None:
+                fields[name] = getattr(cfg, name)
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(cfg, name):
+                fields[name] = getattr(cfg, name)
+        if cfg.repetition_penalty != 1.0:
+            fields["repetition_penalty"] = cfg.repetition_penalty
+        if cfg.logit_bias:
+            fields["logit_bias"] = {str(t): b for t, b in cfg.logit_bias}
+        out = self.client.complete(prompt + "".join(pieces), **fields)
+        lp = out["choices"][0].get("logprobs")
+        top = (lp or {}).get("top_logprobs") if isinstance(lp, dict) else None
+        if not top or not isinstance(top[0], dict):
+            raise AuditInputError(f"the reference endpoint {self.client.base} returned no top logprobs for "
+                                  f"`logprobs: {self.TOP}` (field `logprobs` missing): give --reference-model instead")
+        entries = {str(k): float(v) for k, v in top[0].items() if v is not None}
+        self.cache[key] = entries
+        return entries
+
+    def dist(self, prompt: str, pieces: tuple[str, ...], cfg: SamplingConfig) -> dict[str, float]:
+        """The processed next-token law after ``prompt + pieces`` over token texts."""
+        top = self._top(prompt, pieces, cfg)
+        finite = {k: v for k, v in top.items() if v > -1000 and math.isfinite(v)}
+        total = sum(math.exp(v) for v in finite.values())
+        if self.logprobs_kind is None:
+            self.logprobs_kind = "processed" if abs(total - 1.0) < 1e-3 else "raw"
+        if self.logprobs_kind == "processed":
+            if abs(total - 1.0) > 1e-3:
+                raise AuditInputError(f"the reference's logprobs after {pieces!r} sum to {total:.4f} over its top "
+                                      f"{self.TOP}: the processed law keeps more than {self.TOP} tokens; lower "
+                                      f"--top-k or give --reference-model")
+            return {k: math.exp(v) / total for k, v in finite.items()}
+        if cfg.top_k is None or cfg.top_k > self.TOP or cfg.uses_history or cfg.logit_bias:
+            raise AuditInputError(f"the reference endpoint reports raw logprobs: the audit can process them only "
+                                  f"with --top-k <= {self.TOP} and no penalties or logit_bias; give "
+                                  f"--reference-model instead")
+        kept = sorted(finite.items(), key=lambda kv: -kv[1])
+        if len(kept) > cfg.top_k and kept[cfg.top_k - 1][1] - kept[cfg.top_k][1] < TIE_GAP * cfg.temperature:
+            self.ties.append((pieces, kept[cfg.top_k - 1][1] - kept[cfg.top_k][1]))
+        kept = kept[: cfg.top_k]
+        w = [math.exp((v - kept[0][1]) / cfg.temperature) for _, v in kept]
+        probs = {k: x / sum(w) for (k, _), x in zip(kept, w, strict=True)}
+        if cfg.top_p is not None and cfg.top_p < 1 or cfg.min_p:
+            raise AuditInputError("raw reference logprobs with top_p / min_p: give --reference-model instead")
+        return probs
+
+    def law(self, prompt: str, cfg: SamplingConfig, length: int, rule: _rules.Rule | None = None, gamma: int = 0,
+            verifier: str = "token") -> tuple[dict[Outcome, float], dict[tuple, float]]:
+        """(outcome law, path law over token texts) of the continuations of ``prompt`` (lossless only)."""
+        if rule is not None and not rule.lossless:
+            raise AuditInputError("a declared lossy rule's law needs the models: give --reference-model and "
+                                  "--reference-draft (--reference-url gives the target's law only)")
+        paths: dict[tuple, float] = {}
+
+        def walk(pieces: tuple[str, ...], prob: float) -> None:
+            if len(pieces) == length or (pieces and pieces[-1] in EOS_PIECES):
+                paths[pieces] = paths.get(pieces, 0.0) + prob
+                return
+            for tok, pr in self.dist(prompt, pieces, cfg).items():
+                if pr > 0:
+                    walk(pieces + (tok,), prob * pr)
+
+        walk((), 1.0)
+        return fold(paths, lambda t: t in EOS_PIECES, "".join), paths
+
+    def noise_tv(self, prompt: str, cfg: SamplingConfig, paths: dict[tuple, float]) -> float:
+        """No second numerical path is available through an endpoint: 0 (the floor of the tolerance applies)."""
+        return 0.0
+
+    def piece(self, tok: str) -> str:
+        return tok
+
+    def close(self) -> None:
+        pass

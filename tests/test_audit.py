@@ -1,0 +1,230 @@
+"""``verispec audit`` against a real ``verispec serve`` app on a toy pair (in-process, 127.0.0.1, stops by itself):
+correct engines pass, engines with known defects (an HTTP proxy rewriting each request) fail, bad input reaches no
+verdict; and the test's statistics (tolerance null, power) on their own.
+
+The toy pair: target = a tiny random Qwen2 with its output head x 8, draft = the same weights x 3 (a flatter q over
+the same ranking, so drafts are often accepted and a wrong rule shows). The design is fixed: prompt "the cat",
+2-token continuations, temperature 1, top_k 3 (8 bins). Every audit runs at alpha = 1e-4 with a fixed seed; the
+power each negative control has against its own exact law at that N is stated where it is used.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from verispec.audit import AuditInputError, ModelReference, audit  # noqa: E402
+from verispec.audit import stats  # noqa: E402
+from verispec.audit.proxy import RewritingProxy  # noqa: E402
+from verispec.backends.hf import HFBackend  # noqa: E402
+from verispec.drafters.registry import make_drafter  # noqa: E402
+from verispec.runtime.engine import Engine  # noqa: E402
+from verispec.server import Limits, create_app  # noqa: E402
+from verispec.server.background import BackgroundServer, free_port  # noqa: E402
+from verispec.testing import ToyTokenizer, tiny_qwen  # noqa: E402
+
+MODEL = "toy"
+DESIGN = {"prompts": ["the cat"], "length": 2, "top_k": 3, "temperature": 1.0}
+ALPHA = 1e-4
+
+
+def _reference() -> ModelReference:
+    draft = ModelReference(HFBackend(tiny_qwen(1, logit_scale=3.0)), ToyTokenizer(), [], "toy draft")
+    return ModelReference(HFBackend(tiny_qwen(1, logit_scale=8.0)), ToyTokenizer(), [], "toy target", draft=draft)
+
+
+@pytest.fixture(scope="module")
+def server():
+    target, draft = tiny_qwen(1, logit_scale=8.0), tiny_qwen(1, logit_scale=3.0)
+    engine = Engine(HFBackend(target), make_drafter("model", lambda: HFBackend(draft)), ToyTokenizer(), ())
+    app = create_app(engine, model_name=MODEL, max_batch=32, max_concurrency=64,
+                     limits=Limits(max_prompt_tokens=200, max_tokens_limit=64))
+    with BackgroundServer(app) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _reference()
+
+
+def run(url: str, reference: ModelReference, n: int, **kw) -> object:
+    return audit(url, MODEL, reference=reference, n=n, alpha=ALPHA, seed=kw.pop("seed", 0), per_request=16,
+                 concurrency=4, quiet=True, **DESIGN, **kw)
+
+
+def rewrite(changes: dict, scale_temperature: float | None = None):
+    def fn(body: dict) -> dict:
+        out = {**body, **changes}
+        if scale_temperature is not None:
+            out["temperature"] = body["temperature"] * scale_temperature
+        return out
+
+    return fn
+
+
+# -- correct engines pass ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [
+    {"speculative": {"gamma": 4}},                                                   # lossless, forced speculation
+    {"speculative": {"gamma": 0}},                                                   # no speculation
+    {"speculative": {"gamma": 4}, "verification": {"rule": "lossless", "verifier": "block"}},
+])
+def test_correct_engines_pass(server, reference, fields):
+    """N = 1000 samples, chi-square under TV <= tau at alpha 1e-4: a lossless engine is not rejected (a false fail
+    has probability <= 1e-4; the seed is fixed), and the run has the power to call it a pass at TV 0.15."""
+    with RewritingProxy(server.url, rewrite(fields)) as proxy:
+        rep = run(proxy.url, reference, 1000, target_tv=0.15)
+    assert rep.verdict == "pass", rep.test
+    assert rep.test["pvalue"] > ALPHA and rep.test["impossible_samples"] == 0
+    assert rep.power["min_detectable_tv"] <= 0.15 and rep.n["total"] == 1000
+    assert rep.tv["ci95"][0] <= rep.tv["estimate"] <= rep.tv["ci95"][1]
+
+
+def test_declared_lossy_rule_passes_against_its_induced_law(server, reference):
+    """lenience l = 0.5 declared (sent in the body, gamma 4): its exact induced law over whole continuations
+    (sequence_distribution with the draft's q) is the reference; N = 1500 (its law is more concentrated than the
+    target's, so it needs more for the same power; pass means powered for TV 0.2), alpha 1e-4, verdict pass."""
+    rep = run(server.url, reference, 1500, target_tv=0.2, verification={"rule": "lenience", "params": {"l": 0.5}},
+              gamma=4)
+    assert rep.verdict == "pass", rep.test
+    assert "lenience" in rep.settings["law"]
+
+
+# -- negative controls fail ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "fields", "scale"), [
+    # a lossy rule run while lossless is claimed: exact TV to the target law 0.183; power at N = 1000: > 0.9999
+    ("lenience l=0.1", {"speculative": {"gamma": 4}, "verification": {"rule": "lenience", "params": {"l": 0.1}}},
+     None),
+    # temperature off by a factor 0.7: exact TV 0.111; power at N = 1000: 0.993
+    ("temperature x 0.7", {"speculative": {"gamma": 4}}, 0.7),
+])
+def test_negative_controls_fail(server, reference, name, fields, scale):
+    """An HTTP proxy in front of the real server rewrites each request (forcing speculation, a lossy rule or a
+    wrong temperature) while the audit asks for lossless sampling: N = 1000, alpha 1e-4, verdict fail."""
+    with RewritingProxy(server.url, rewrite(fields, scale)) as proxy:
+        rep = run(proxy.url, reference, 1000, target_tv=0.15)
+    assert rep.verdict == "fail", (name, rep.test)
+    assert rep.test["pvalue"] < ALPHA and rep.tv["ci95"][0] > 0.03
+
+
+def test_skipping_the_residual_fails(server, reference):
+    """Resampling from p after a rejection instead of the residual (the naive rule, forced by the proxy with gamma
+    4): exact TV 0.069 on this design; N = 3000 gives power 0.99 at alpha 1e-4 against that law; verdict fail."""
+    fields = {"speculative": {"gamma": 4}, "verification": {"rule": "naive-resample"}}
+    with RewritingProxy(server.url, rewrite(fields)) as proxy:
+        rep = run(proxy.url, reference, 3000, target_tv=0.15)
+    assert rep.verdict == "fail", rep.test
+
+
+# -- bad input: no verdict -----------------------------------------------------------------------------------------
+
+
+def test_endpoint_down_is_no_verdict(reference):
+    with pytest.raises(AuditInputError, match="not answering"):
+        run(f"http://127.0.0.1:{free_port()}", reference, 100)
+
+
+def test_refused_field_is_named(server, reference):
+    def refuse(body: dict):
+        if "top_k" in body:
+            return 400, json.dumps({"error": {"message": "Unrecognized request argument: top_k", "param": "top_k",
+                                              "type": "invalid_request_error", "code": None}}).encode()
+        return None
+
+    with RewritingProxy(server.url, respond=refuse) as proxy, pytest.raises(AuditInputError, match="top_k"):
+        run(proxy.url, reference, 100)
+
+
+def test_malformed_json_is_no_verdict(server, reference):
+    with RewritingProxy(server.url, respond=lambda body: (200, b"{not json")) as proxy, \
+            pytest.raises(AuditInputError, match="malformed JSON"):
+        run(proxy.url, reference, 100)
+
+
+def test_reference_url_without_logprobs_names_the_other_mode(server):
+    def strip(body: dict):
+        return (200, json.dumps({"choices": [{"text": "ab", "index": 0, "finish_reason": "length",
+                                              "logprobs": None}]}).encode()) if "logprobs" in body else None
+
+    with RewritingProxy(server.url, respond=strip) as proxy, pytest.raises(AuditInputError, match="reference-model"):
+        audit(server.url, MODEL, reference_url=proxy.url, n=100, quiet=True, **DESIGN)
+
+
+# -- the CLI: --reference-url, --json, exit status -----------------------------------------------------------------
+
+
+def test_cli_json_last_line_and_exit_status(server, tmp_path):
+    """``verispec audit --reference-url`` (the same server without speculation: processed logprobs) against the
+    server with gamma 4: exit 0 / pass, one JSON line last on stdout, the report files written; N = 1000."""
+    from click.testing import CliRunner
+
+    from verispec.cli.main import main
+
+    args = ["audit", "--base-url", server.url, "--model", MODEL, "--reference-url", server.url, "--prompts",
+            str(tmp_path / "p.txt"), "--length", "2", "--top-k", "3", "--temperature", "1", "--samples", "1000",
+            "--tv", "0.15", "--gamma", "4", "--out", str(tmp_path / "rep"), "--json", "--per-request", "16"]
+    (tmp_path / "p.txt").write_text('"the cat"\n')
+    result = CliRunner().invoke(main, args)
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code == 0 and last["verdict"] == "pass", (result.exit_code, last.get("test"), last.get("error"))
+    assert last["reference"]["mode"] == "url" and last["reference"]["logprobs"] == "processed"
+    assert {p.name for p in (tmp_path / "rep").iterdir()} == {"audit.json", "audit.md", "audit.png"}
+    down = CliRunner().invoke(main, ["audit", "--base-url", f"http://127.0.0.1:{free_port()}", "--model", MODEL,
+                                     "--reference-url", server.url, "--json", *args[7:17]])
+    assert down.exit_code == 3 and json.loads(down.stdout.strip().splitlines()[-1])["verdict"] is None
+
+
+# -- the statistics ------------------------------------------------------------------------------------------------
+
+
+def test_tolerance_null_is_calibrated_at_its_least_favourable_law():
+    """Samples from a law at TV exactly tau from the reference, tau moved onto the two smallest bins (the vertex
+    that maximizes the noncentrality): the tolerant test rejects at most about alpha of 4000 simulated runs
+    (alpha 0.05, N 5000 each, tau 0.002, seed 0; a binomial 1e-4 upper bound on 0.05 x 4000 is 266), while the
+    plain chi-square (tau = 0) over-rejects (about 0.11). The approximation is asymptotic: at lambda_0 >= 3.5 the
+    same simulation rejected 1.2-1.5 times alpha (docs/audit.md)."""
+    rng = np.random.default_rng(0)
+    e = np.array([0.3, 0.25, 0.2, 0.1, 0.08, 0.05, 0.02])
+    law = {(str(i), False): float(x) for i, x in enumerate(e)}
+    tau, n, runs = 0.002, 5000, 4000
+    bins = stats.make_bins(law, n, 0.02)
+    lam0 = stats.tolerance_noncentrality([bins], n, tau)
+    a = e.copy()
+    a[-1] += tau
+    a[-2] -= tau
+    counts = rng.multinomial(n, a, size=runs)
+    x2 = ((counts - n * e) ** 2 / (n * e)).sum(axis=1)
+    tolerant = np.mean([stats.tolerant_pvalue(x, bins.df, lam0) < 0.05 for x in x2])
+    plain = np.mean([stats.tolerant_pvalue(x, bins.df, 0.0) < 0.05 for x in x2])
+    assert tolerant * runs <= 266 and plain > 0.08
+
+
+def test_power_is_computed_and_the_plan_reaches_it():
+    """The planned N detects TV 0.05 with power >= 0.9 at alpha 1e-4 (worst case over alternatives); one sample
+    fewer than a tenth of it does not; an alternative at exactly that TV (mass moved proportionally, the
+    Cauchy-Schwarz equality case) is rejected in >= 85% of 400 simulated runs (seed 0)."""
+    e = np.array([0.3, 0.25, 0.2, 0.1, 0.08, 0.05, 0.02])
+    law = {(str(i), False): float(x) for i, x in enumerate(e)}
+    n, floor = stats.plan([law], 0.05, 1e-3, ALPHA)
+    bins = stats.make_bins(law, n, floor)
+    lam0 = stats.tolerance_noncentrality([bins], n, 1e-3)
+    assert stats.min_detectable_tv(n, bins.df, lam0, ALPHA / 2) <= 0.05
+    assert stats.min_detectable_tv(n // 10, bins.df, lam0, ALPHA / 2) > 0.05
+    # equality case of Cauchy-Schwarz: d_i = +c e_i on a set of mass 1/2, -c e_i on the rest (TV = c / 2)
+    plus = np.array([1, 0, 0, 1, 0, 1, 1], dtype=bool)  # 0.3 + 0.1 + 0.05 + 0.02 = 0.47
+    delta = stats.min_detectable_tv(n, bins.df, lam0, ALPHA / 2)
+    c = delta / (e[plus].sum())
+    a = np.where(plus, e * (1 + c), e * (1 - c * e[plus].sum() / e[~plus].sum()))
+    counts = np.random.default_rng(0).multinomial(n, a / a.sum(), size=400)
+    x2 = ((counts - n * e) ** 2 / (n * e)).sum(axis=1)
+    rejected = np.mean([stats.tolerant_pvalue(x, bins.df, lam0) < ALPHA / 2 for x in x2])
+    assert rejected >= 0.85
