@@ -18,8 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from verispec.audit import AuditInputError, ModelReference, audit  # noqa: E402
-from verispec.audit import stats  # noqa: E402
+from verispec.audit import AuditInputError, ModelReference, audit, stats  # noqa: E402
 from verispec.audit.proxy import RewritingProxy  # noqa: E402
 from verispec.backends.hf import HFBackend  # noqa: E402
 from verispec.drafters.registry import make_drafter  # noqa: E402
@@ -31,6 +30,8 @@ from verispec.testing import ToyTokenizer, tiny_qwen  # noqa: E402
 MODEL = "toy"
 DESIGN = {"prompts": ["the cat"], "length": 2, "top_k": 3, "temperature": 1.0}
 ALPHA = 1e-4
+#: engine and reference run the same float32 transformers model here: only exact ties could flip
+TIE_GAP = 1e-6
 
 
 def _reference() -> ModelReference:
@@ -55,7 +56,7 @@ def reference():
 
 def run(url: str, reference: ModelReference, n: int, **kw) -> object:
     return audit(url, MODEL, reference=reference, n=n, alpha=ALPHA, seed=kw.pop("seed", 0), per_request=16,
-                 concurrency=4, quiet=True, **DESIGN, **kw)
+                 concurrency=4, quiet=True, tie_gap=TIE_GAP, **DESIGN, **kw)
 
 
 def rewrite(changes: dict, scale_temperature: float | None = None):
@@ -129,8 +130,20 @@ def test_skipping_the_residual_fails(server, reference):
 
 
 def test_endpoint_down_is_no_verdict(reference):
+    """Through the API's call form ``verispec.audit(...)`` (the package is callable)."""
+    import verispec
+
     with pytest.raises(AuditInputError, match="not answering"):
-        run(f"http://127.0.0.1:{free_port()}", reference, 100)
+        verispec.audit(f"http://127.0.0.1:{free_port()}", MODEL, reference=reference, n=100, quiet=True,
+                       tie_gap=TIE_GAP, **DESIGN)
+
+
+def test_near_tie_at_the_top_k_boundary_is_refused(server, reference):
+    """A given prompt whose top-k boundary is closer than the tie gap (here an absurd 100 logits, so every prefix
+    is one) is refused before sampling: the engine's kernels could keep another token there."""
+    with pytest.raises(AuditInputError, match="near-tie"):
+        audit(server.url, MODEL, reference=reference, n=100, quiet=True, tie_gap=100.0, **DESIGN)
+    reference.tie_gap, reference.ties[:] = TIE_GAP, []
 
 
 def test_refused_field_is_named(server, reference):
@@ -156,7 +169,7 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
                                               "logprobs": None}]}).encode()) if "logprobs" in body else None
 
     with RewritingProxy(server.url, respond=strip) as proxy, pytest.raises(AuditInputError, match="reference-model"):
-        audit(server.url, MODEL, reference_url=proxy.url, n=100, quiet=True, **DESIGN)
+        audit(server.url, MODEL, reference_url=proxy.url, n=100, quiet=True, tie_gap=TIE_GAP, **DESIGN)
 
 
 # -- the CLI: --reference-url, --json, exit status -----------------------------------------------------------------
@@ -171,7 +184,8 @@ def test_cli_json_last_line_and_exit_status(server, tmp_path):
 
     args = ["audit", "--base-url", server.url, "--model", MODEL, "--reference-url", server.url, "--prompts",
             str(tmp_path / "p.txt"), "--length", "2", "--top-k", "3", "--temperature", "1", "--samples", "1000",
-            "--tv", "0.15", "--gamma", "4", "--out", str(tmp_path / "rep"), "--json", "--per-request", "16"]
+            "--tv", "0.15", "--gamma", "4", "--out", str(tmp_path / "rep"), "--json", "--per-request", "16",
+            "--tie-gap", "1e-6"]
     (tmp_path / "p.txt").write_text('"the cat"\n')
     result = CliRunner().invoke(main, args)
     last = json.loads(result.stdout.strip().splitlines()[-1])

@@ -17,6 +17,7 @@ __all__ = [
     "SamplingConfig",
     "Scheduler",
     "SpeculativeEngine",
+    "audit",
     "generate",
     "load_engine",
     "rules",
@@ -39,6 +40,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name == "rules":
         return importlib.import_module(".core.rules", __name__)
+    if name == "audit":  # the package, callable: verispec.audit(base_url, model, ...) runs verispec.audit.audit
+        return importlib.import_module(".audit", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'verispec' has no attribute {name!r}")

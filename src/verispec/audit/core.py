@@ -35,14 +35,12 @@ __all__ = ["AUTO_PROMPTS", "AuditReport", "audit", "choose_design"]
 
 #: candidate prompts of the automatic design (completions of code and prose the coder pair continues diversely)
 AUTO_PROMPTS = (
-    "def fibonacci(n):\n    ",
-    "import numpy as np\nimport",
-    "# Sort a list of numbers\ndef",
-    "The quick brown fox",
+    "# Python 3\nprint(",
+    "import os\nimport",
+    "while True:\n    ",
     "for i in range(",
-    "class Stack:\n    def",
+    "import numpy as np\nimport",
     "x = [1, 2, 3]\nprint(",
-    "Once upon a time",
 )
 #: tolerance: tau = max(TAU_FLOOR, TAU_SAFETY x the measured float noise of the reference)
 TAU_FLOOR = 1e-3
@@ -271,8 +269,8 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
           min_p: float | None = None, length: int | None = None, penalties: dict | None = None,
           logit_bias: dict | None = None, verification: dict | None = None, gamma: int | None = None,
           extra_body: dict | None = None, n: int | None = None, per_request: int = 8, concurrency: int = 8,
-          seed: int = 0, tau: float | None = None, check_logprobs: bool = False, out_dir: str | None = None,
-          threads: int | None = None, quiet: bool = False) -> AuditReport:
+          seed: int = 0, tau: float | None = None, tie_gap: float | None = None, check_logprobs: bool = False,
+          out_dir: str | None = None, threads: int | None = None, quiet: bool = False) -> AuditReport:
     """Audit the engine at ``base_url`` serving ``model``; see the module docstring. The reference is
     ``reference_model`` (a GGUF or registered name, llama.cpp; or an HF directory, transformers; with
     ``reference_draft`` for a declared lossy rule's law), ``reference_url`` (an endpoint of the same model without
@@ -281,8 +279,10 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     are chosen automatically (:func:`choose_design`); ``n`` fixes the samples per prompt (default: planned for
     ``target_tv`` at ``power``). ``verification`` is sent in each request body and declares the rule whose law is
     audited (its exact induced law for a lossy rule, with ``gamma`` drafts per round); ``gamma`` is sent as
-    verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. With ``out_dir`` the
-    report (markdown, JSON, figure) is written there."""
+    verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit
+    gap at the top-k boundary below which a prefix counts as a near-tie (default
+    :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one
+    are refused. With ``out_dir`` the report (markdown, JSON, figure) is written there."""
     t_start = time.monotonic()
     if sum(x is not None for x in (reference_model, reference_url, reference)) != 1:
         raise AuditInputError("give exactly one reference: --reference-model (a GGUF or HF directory of the same "
@@ -310,6 +310,9 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
         ref = UrlReference(EngineClient(reference_url, reference_model_name or model, api_key,  # type: ignore[arg-type]
                                         role="reference"), reference_logprobs)
 
+    if tie_gap is not None:
+        ref.tie_gap = tie_gap
+
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)
 
@@ -321,6 +324,11 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     if fixed:
         cfg = make_cfg(settings[0][2], settings[0][1])
         chosen = [(p, *ref.law(p, cfg, settings[0][0], rule, gamma or 0, verifier)) for p in candidates]
+        if ref.ties:
+            raise AuditInputError(f"a near-tie at the top-k boundary (logit gap {min(g for _, g in ref.ties):.3f} < "
+                                  f"{ref.tie_gap}): the engine's kernels may keep another token there, so a verdict "
+                                  f"could be a false fail; pick another prompt or --top-k, or lower --tie-gap when "
+                                  f"engine and reference run the same kernels")
         design = {"length": settings[0][0], "top_k": settings[0][1], "temperature": settings[0][2],
                   "chosen": chosen}
     else:

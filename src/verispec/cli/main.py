@@ -681,6 +681,8 @@ def _json_option(text: str | None, name: str) -> dict | None:
               help="Choices (n) per request.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--tau", default=None, type=click.FloatRange(min=0), help="Tolerance (default: measured, floor 1e-3).")
+@click.option("--tie-gap", default=None, type=click.FloatRange(min=0),
+              help="Top-k boundary logit gap below which a prompt is refused (default 0.1).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line (last on stdout); progress on stderr.")
 def audit(base_url: str, model: str, reference_model: str | None, reference_url: str | None,
@@ -690,7 +692,7 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
           length: int | None, frequency_penalty: float | None, presence_penalty: float | None,
           repetition_penalty: float | None, logit_bias: str | None, verification: str | None, gamma: int | None,
           extra_body: str | None, check_logprobs: bool, concurrency: int, per_request: int, seed: int,
-          tau: float | None, out_dir: str | None, as_json: bool) -> None:
+          tau: float | None, tie_gap: float | None, out_dir: str | None, as_json: bool) -> None:
     """Audit an engine's sampling (speculative or not) through its OpenAI API against the exact law of short
     continuations: verdict pass / fail / underpowered with the p-value, the TV and its CI, and the smallest TV the
     run could detect. Exit status 0 pass, 1 fail, 2 underpowered, 3 no verdict (docs/audit.md)."""
@@ -726,7 +728,7 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
             penalties=penalties or None, logit_bias=_json_option(logit_bias, "--logit-bias"),
             verification=_json_option(verification, "--verification"), gamma=gamma,
             extra_body=_json_option(extra_body, "--extra-body"), check_logprobs=check_logprobs,
-            concurrency=concurrency, per_request=per_request, seed=seed, tau=tau, out_dir=out_dir)
+            concurrency=concurrency, per_request=per_request, seed=seed, tau=tau, tie_gap=tie_gap, out_dir=out_dir)
     except (AuditInputError, ValueError) as exc:
         no_verdict(str(exc))
         return
