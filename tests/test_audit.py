@@ -98,6 +98,15 @@ def test_declared_lossy_rule_passes_against_its_induced_law(server, reference):
     assert "lenience" in rep.settings["law"]
 
 
+def test_reported_logprobs_are_checked(server, reference):
+    """--check-logprobs: every sampled token's reported logprob (verispec reports the processed p under a lossless
+    rule) against the reference's log p; float32 on both sides, so the largest error is below 1e-4 nats. N = 200."""
+    with RewritingProxy(server.url, rewrite({"speculative": {"gamma": 4}})) as proxy:
+        rep = run(proxy.url, reference, 200, target_tv=0.3, check_logprobs=True)
+    assert rep.logprobs["tokens_checked"] == 400 and rep.logprobs["samples_unmatched"] == 0
+    assert rep.logprobs["max_abs_error"] < 1e-4
+
+
 # -- negative controls fail ----------------------------------------------------------------------------------------
 
 
