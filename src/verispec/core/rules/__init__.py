@@ -9,7 +9,11 @@ the matched baselines, ``acceptance`` ("indicator" or "ratio", Eq. 28) for typic
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from collections.abc import Iterable
+from typing import Any
 
 from verispec.core.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule
 from verispec.core.rules.collaborative import (
@@ -23,6 +27,7 @@ from verispec.core.rules.collaborative import (
 )
 from verispec.core.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
 from verispec.core.rules.truncation import SpecCascade, TruncationRule, Typical
+from verispec.core.rules.validate import RANGES
 
 __all__ = [
     "REGISTRY",
@@ -31,6 +36,7 @@ __all__ = [
     "TruncationRule",
     "UnnormalizedReferenceRule",
     "RequestError",
+    "describe",
     "from_request",
     "get",
     "matched_baseline",
@@ -164,3 +170,37 @@ def table() -> list[dict[str, str]]:
         }
         for cls in REGISTRY.values()
     ]
+
+
+def _param_schema(cls: type[Rule], name: str) -> dict[str, Any]:
+    """One parameter of a rule as a JSON-schema fragment: its type, default, range (:data:`~.validate.RANGES`) or
+    choices (the field's ``Literal``), and whether null is allowed."""
+    hints = typing.get_type_hints(cls)
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    out: dict[str, Any] = {"default": field.default}
+    hint = hints[name]
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if type(None) in args:
+        out["nullable"] = True
+    for arg in args:
+        if typing.get_origin(arg) is typing.Literal:
+            out.update(type="string", enum=list(typing.get_args(arg)))
+        elif arg is float or arg is int:
+            out["type"] = "number"
+    if name in RANGES:
+        lo, hi, lo_open, hi_open = RANGES[name]
+        out["exclusiveMinimum" if lo_open else "minimum"] = lo
+        out["exclusiveMaximum" if hi_open else "maximum"] = hi
+    return out
+
+
+def describe() -> dict[str, dict[str, Any]]:
+    """Every registered rule as data, for clients that build forms from it (the server's page): name ->
+    ``{"lossless", "equation", "doc", "params": {name: JSON-schema fragment}}``, parameters in documented order,
+    each with its default and its range (the table the rules' checks use) or its choices."""
+    out = {}
+    for name, cls in REGISTRY.items():
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        out[name] = {"lossless": cls.lossless, "equation": cls.equation, "doc": " ".join(doc.split()),
+                     "params": {p: _param_schema(cls, p) for p in cls.param_names}}
+    return out

@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from verispec.core.rules.base import ReferenceRule, Rule, UnnormalizedReferenceRule, positive_residual, ratio_acceptance
-from verispec.core.rules.validate import _finite, check_l, check_lam, check_p_base
+from verispec.core.rules.validate import check_l, check_lam, check_p_base, check_range
 from verispec.core.sampling import minp_mask
 
 __all__ = [
@@ -93,8 +93,7 @@ class CosCD(ReferenceRule):
 
     def __post_init__(self) -> None:
         check_lam(self.lam)
-        if not 0 < _finite("q_floor", self.q_floor) < 1:
-            raise ValueError(f"q_floor must be in (0, 1), got {self.q_floor}")
+        check_range("q_floor", self.q_floor)
 
     def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         w = p * torch.clamp(q, min=self.q_floor).pow(-self.lam)

@@ -11,26 +11,49 @@ def _finite(name: str, value: float) -> float:
     return float(value)
 
 
+#: every numeric rule parameter's range, (low, high, low open, high open): the one table the checks below read and
+#: :func:`verispec.core.rules.describe` publishes (the server's page builds its inputs from it)
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "l": (0.0, 1.0, True, False),
+    "lam": (0.0, 1.0, False, False),
+    "p_base": (0.0, 1.0, True, False),
+    "epsilon": (0.0, 1.0, True, False),
+    "delta": (0.0, 1.0, True, False),
+    "q_floor": (0.0, 1.0, True, True),
+}
+_LABELS = {"l": "l (lenience)", "lam": "lam (lambda)"}
+
+
+def range_text(name: str) -> str:
+    """A parameter's range in interval notation, e.g. ``(0, 1]``."""
+    lo, hi, lo_open, hi_open = RANGES[name]
+    return f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+
+def check_range(name: str, value: float) -> None:
+    """ValueError naming ``name`` and its range (:data:`RANGES`) unless ``value`` is a finite number inside it."""
+    lo, hi, lo_open, hi_open = RANGES[name]
+    v = _finite(name, value)
+    if (v < lo or (lo_open and v == lo)) or (v > hi or (hi_open and v == hi)):
+        raise ValueError(f"{_LABELS.get(name, name)} must be in {range_text(name)}, got {value}")
+
+
 def check_l(value: float) -> None:
-    if not 0 < _finite("l", value) <= 1:
-        raise ValueError(f"l (lenience) must be in (0, 1], got {value}")
+    check_range("l", value)
 
 
 def check_lam(value: float) -> None:
-    if not 0 <= _finite("lam", value) <= 1:
-        raise ValueError(f"lam (lambda) must be in [0, 1], got {value}")
+    check_range("lam", value)
 
 
 def check_p_base(value: float) -> None:
-    if not 0 < _finite("p_base", value) <= 1:
-        raise ValueError(f"p_base must be in (0, 1], got {value}")
+    check_range("p_base", value)
 
 
 def check_epsilon(value: float) -> None:
-    if not 0 < _finite("epsilon", value) <= 1:
-        raise ValueError(f"epsilon must be in (0, 1], got {value}")
+    check_range("epsilon", value)
 
 
 def check_delta(value: float | None) -> None:
-    if value is not None and not 0 < _finite("delta", value) <= 1:
-        raise ValueError(f"delta must be in (0, 1], got {value}")
+    if value is not None:
+        check_range("delta", value)
