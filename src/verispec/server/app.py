@@ -1,8 +1,9 @@
 """The FastAPI application: OpenAI-compatible endpoints over one engine, one worker thread, one Scheduler.
 
 ``create_app(engine, ...)`` returns the app; its lifespan starts and stops the :class:`~.worker.Worker`.
-Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed with
-``"stream": true`` as server-sent events, else one JSON object), ``GET /health``, ``GET /metrics``.
+Endpoints: ``GET /`` (a page for browsers, :mod:`~.page`), ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (streamed with ``"stream": true`` as server-sent events, else one JSON object),
+``GET /health``, ``GET /metrics``.
 
 Request path: the handler parses and validates the body on the event loop (400 naming the field), takes a
 concurrency slot (429 when ``max_concurrency`` requests are already admitted, running or waiting) and hands a
@@ -25,7 +26,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +36,7 @@ from verispec.runtime.scheduler import Handle
 from verispec.runtime.text import TextStream
 from verispec.runtime.types import GenerationResult, Row, TokenLogprob
 from verispec.server.metrics import ServerMetrics
+from verispec.server.page import page_html, static_file
 from verispec.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -44,7 +46,7 @@ from verispec.server.protocol import (
     parse_body,
     prompt_builder,
 )
-from verispec.server.responses import LogprobFormatter, Reply, sse, verispec_block
+from verispec.server.responses import LogprobFormatter, Reply, detail_entries, sse, verispec_block
 from verispec.server.tools import split_tool_calls
 from verispec.server.worker import Job, Worker
 
@@ -52,7 +54,7 @@ __all__ = ["Generation", "ServerState", "create_app"]
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+ENDPOINTS = ("/", "/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5
 
 
@@ -92,11 +94,14 @@ class ServerState:
 
 class Generation:
     """The listener of one job: runs the worker's callbacks (on the worker thread) and forwards them as events to
-    the request's event loop: ("admitted",), ("rejected", exc), ("text", delta, logprobs), ("done", handle, tail,
-    logprobs). With logprobs asked for, a text event carries those of the tokens since the last event (tokens whose
-    text is still held back wait for the next one) and the done event the rest (streamed) or all (not streamed),
-    formatted here on the worker thread, where the tokenizer lives. With ``echo`` the prompt's text (and its
-    tokens' logprobs, the first one null) comes first: in the first text event, or in the full response."""
+    the request's event loop: ("admitted",), ("rejected", exc), ("text", delta, logprobs, details), ("done", handle,
+    tail, logprobs, details). With logprobs asked for, a text event carries those of the tokens since the last event
+    (tokens whose text is still held back wait for the next one) and the done event the rest (streamed) or all (not
+    streamed), formatted here on the worker thread, where the tokenizer lives. With ``echo`` the prompt's text (and its
+    tokens' logprobs, the first one null) comes first: in the first text event, or in the full response. With
+    ``token_details`` asked for, the ids are detokenized one at a time so that each token's entry carries the piece
+    of text it added (:func:`~.responses.detail_entries`); a text event carries the entries of its tokens, the
+    done event of a full response all of them."""
 
     def __init__(self, state: ServerState, settings: Settings, arrival: float, chat: bool = False,
                  echo: str | None = None) -> None:
@@ -111,6 +116,7 @@ class Generation:
         self.echo_text = ""  # the echoed prompt of a full (not streamed) response
         self.first_token_s: float | None = None
         self.finished = False
+        self.details = settings.token_details is not None
 
     def _put(self, *event: object) -> None:
         try:
@@ -144,11 +150,17 @@ class Generation:
             self.state.metrics.ttft.observe(self.first_token_s)
         row = handle.row if handle is not None else None
         prefix = self._echo(row) if self.settings.stream else ""
-        delta = self.text.push(ids)
+        details = None
+        if self.details and self.settings.stream and row is not None and row.details is not None and ids:
+            pieces = [self.text.push([t]) for t in ids]
+            delta = "".join(pieces)
+            details = detail_entries(row.details[len(row.details) - len(ids):], pieces, self.state.engine.decode)
+        else:
+            delta = self.text.push(ids)
         if self.logprobs is not None and self.settings.stream and row is not None and row.logprobs is not None:
             self._held.extend(row.logprobs[len(row.logprobs) - len(ids):] if ids else [])
-        if prefix or delta:
-            self._put("text", prefix + delta, self._release())
+        if prefix or delta or details:
+            self._put("text", prefix + delta, self._release(), details)
 
     def _release(self) -> dict | None:
         if self.logprobs is None or not self._held:
@@ -158,7 +170,7 @@ class Generation:
 
     def done(self, handle: Handle) -> None:
         self.finished = True
-        logprobs = None
+        logprobs = details = None
         try:
             if handle.result is not None:
                 self.state.metrics.record_result(self.settings.rule.name, handle.result,
@@ -168,10 +180,15 @@ class Generation:
                 self.echo_text = self._echo(result)
                 if self.logprobs is not None:
                     self._held.extend(result.logprobs or [])
+                if self.details and result.token_details is not None:
+                    replay = TextStream(self.state.engine.decode, self.settings.stop)
+                    pieces = [replay.push([t]) for t in result.token_ids]
+                    pieces[-1:] = [pieces[-1] + replay.finish()] if pieces else []
+                    details = detail_entries(result.token_details, pieces, self.state.engine.decode)
             logprobs = self._release()
         finally:
             self.state.release()
-            self._put("done", handle, self.text.finish(), logprobs)
+            self._put("done", handle, self.text.finish(), logprobs, details)
 
 
 class _CountRequests:
@@ -307,6 +324,22 @@ def create_app(
         log.exception("unhandled error")
         return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
 
+    @app.get("/", include_in_schema=False)
+    async def page() -> HTMLResponse:
+        """The page (:mod:`verispec.server.page`): a browser's view of verification through this API."""
+        return HTMLResponse(page_html(app.openapi(), state.model_name, engine.backends))
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        return Response(status_code=204)
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        found = static_file(name)
+        if found is None:
+            raise APIError(404, f"no static file {name!r}", code="not_found")
+        return Response(found[0], media_type=found[1], headers={"Cache-Control": "no-cache"})
+
     @app.get("/health")
     async def health() -> JSONResponse:
         ok = state.worker.alive
@@ -403,9 +436,10 @@ def create_app(
             results.append(result)
             if settings.tools is not None:
                 content, calls = split_tool_calls(result.text, settings.tools.names)
-                bodies.append(reply.choice(index, content, _finish(result, calls), event[3], calls))
+                bodies.append(reply.choice(index, content, _finish(result, calls), event[3], calls, event[4]))
             else:
-                bodies.append(reply.choice(index, gen.echo_text + result.text, result.finish_reason, event[3]))
+                bodies.append(reply.choice(index, gen.echo_text + result.text, result.finish_reason, event[3],
+                                           token_details=event[4]))
         return JSONResponse(reply.full(bodies, results, _block(settings, results)))
 
     async def _stream(choices: list[tuple[Generation, Job]], reply: Reply, settings: Settings
@@ -421,6 +455,7 @@ def create_app(
 
         tasks = [asyncio.create_task(pump(i, gen)) for i, (gen, _job) in enumerate(choices)]
         held: dict[int, list[dict[str, Any]]] = {}  # with tools: each choice's logprobs, sent with its whole answer
+        held_details: dict[int, list[dict[str, Any]]] = {}  # and its token details
         try:
             if reply.chat:
                 for i in range(len(choices)):
@@ -431,9 +466,10 @@ def create_app(
                 index, event = await merged.get()
                 if event[0] == "text" and settings.tools is not None:
                     held.setdefault(index, []).extend((event[2] or {}).get("content") or [])
+                    held_details.setdefault(index, []).extend(event[3] or [])
                     continue
                 if event[0] == "text":
-                    yield sse(reply.chunk(text=event[1], logprobs=event[2], index=index))
+                    yield sse(reply.chunk(text=event[1], logprobs=event[2], index=index, token_details=event[3]))
                     continue
                 if event[0] == "rejected":
                     yield sse(_rejection(event[1]).body())
@@ -457,7 +493,7 @@ def create_app(
                     entries = held.pop(index, []) + ((logprobs or {}).get("content") or [])
                     if content:
                         yield sse(reply.chunk(text=content, logprobs={"content": entries} if entries else None,
-                                              index=index))
+                                              index=index, token_details=held_details.pop(index, None)))
                     if calls:
                         yield sse(reply.chunk(tool_calls=calls, index=index))
                     finish = _finish(handle.result, calls)

@@ -108,6 +108,9 @@ class Verification(BaseModel):
     #: a divergence budget on the rule's parameter: ``{"tv": eps}`` (per position) and / or ``{"tv_total": B}``
     #: (per sequence); :mod:`verispec.core.rules.budget`
     budget: dict[str, Any] | None = None
+    #: per emitted token: its mark, p, q and the rule's induced law over this many most probable tokens, acceptance
+    #: and TV (:mod:`verispec.runtime.details`); None: not computed
+    token_details: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class Speculative(BaseModel):
@@ -243,6 +246,8 @@ class Settings:
     budget: Budget | None = None
     #: the tools a chat request may call (None: none)
     tools: ToolCalling | None = None
+    #: per-token verification details: most probable tokens per distribution (None: none)
+    token_details: int | None = None
 
     @classmethod
     def of(cls, req: _Common) -> Settings:
@@ -301,7 +306,7 @@ class Settings:
                                "tool call", param="response_format", code="invalid_value")
         return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
                    _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1, fmt, budget,
-                   tools)
+                   tools, v.token_details)
 
 
 def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -462,7 +467,7 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
                        max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier,
                        logprobs=settings.logprobs, logprobs_mode=settings.logprobs_mode,
                        prompt_logprobs=settings.logprobs if settings.echo else None,
-                       response_format=fmt, budget=settings.budget)
+                       response_format=fmt, budget=settings.budget, token_details=settings.token_details)
 
     return build
 

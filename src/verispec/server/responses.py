@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.core.rules import Rule
+from verispec.runtime.details import TokenDetail
 from verispec.runtime.types import GenerationResult, TokenLogprob
 
-__all__ = ["LogprobFormatter", "Reply", "sse", "verispec_block"]
+__all__ = ["LogprobFormatter", "Reply", "detail_entries", "sse", "verispec_block"]
 
 
 def verispec_block(rule: Rule, gamma: int | str | None, result: GenerationResult,
@@ -97,6 +98,16 @@ class LogprobFormatter:
                                  for e in entries], "text_offset": offsets}
 
 
+def detail_entries(details: Sequence[TokenDetail], pieces: Sequence[str], decode: Callable[[Sequence[int]], str]
+                   ) -> list[dict[str, Any]]:
+    """A choice's ``token_details`` entries: each token's :class:`~verispec.runtime.details.TokenDetail` as JSON,
+    with ``text`` (the piece of the response's text it added: the pieces of a response concatenate to its text,
+    with "" for a token whose text is held back or cut by a stop string) and ``top_text`` (each listed token's own
+    decoding)."""
+    return [{**d.to_dict(), "text": piece, "top_text": [decode([t]) for t in d.top]}
+            for d, piece in zip(details, pieces, strict=True)]
+
+
 @dataclass
 class Reply:
     """Builds the bodies of one response: ``chat`` selects chat.completion(.chunk) over text_completion."""
@@ -114,14 +125,20 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def choice(self, index: int, text: str | None, finish_reason: str, logprobs: dict[str, Any] | None = None,
-               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """One choice of a non-streamed response (chat: with the tool calls read from the answer, if any)."""
+               tool_calls: list[dict[str, Any]] | None = None, token_details: list[dict[str, Any]] | None = None
+               ) -> dict[str, Any]:
+        """One choice of a non-streamed response (chat: with the tool calls read from the answer, if any; with
+        ``token_details`` when the request asked for them)."""
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if tool_calls:
                 message["tool_calls"] = tool_calls
-            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            out = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            out = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if token_details is not None:
+            out["token_details"] = token_details
+        return out
 
     def full(self, choices: list[dict[str, Any]], results: Sequence[GenerationResult], block: dict[str, Any]
              ) -> dict[str, Any]:
@@ -131,9 +148,11 @@ class Reply:
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
               logprobs: dict[str, Any] | None = None, index: int = 0,
-              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A stream chunk of choice ``index``: a text delta (with its tokens' logprobs), the opening role (chat),
-        tool calls (chat; each with its ``index`` among the choice's calls) or the finish reason."""
+              tool_calls: list[dict[str, Any]] | None = None, token_details: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
+        """A stream chunk of choice ``index``: a text delta (with its tokens' logprobs and, when asked for, their
+        ``token_details``), the opening role (chat), tool calls (chat; each with its ``index`` among the choice's
+        calls) or the finish reason."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
@@ -141,9 +160,13 @@ class Reply:
             if tool_calls:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(tool_calls)]
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-        return {**self._head("text_completion"), "choices": [choice]}
+            head = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            head = self._head("text_completion")
+        if token_details:
+            choice["token_details"] = token_details
+        return {**head, "choices": [choice]}
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
