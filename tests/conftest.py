@@ -29,7 +29,7 @@ def real_engine_fp32():
     from verispec.testing import skip_unless_real_pair
 
     skip_unless_real_pair()
-    return load_engine(dtype="float32", cache=False)
+    return load_engine(drafter="model", target_backend="hf", dtype="float32", cache=False)
 
 
 @pytest.fixture(scope="session")

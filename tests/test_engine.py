@@ -285,7 +285,7 @@ def test_eos_inside_accepted_block_ends_output(pair):
 
     tree = SpeculativeEngine(HFBackend(target), TreeDrafter(HFBackend(target), depth=6, top_k=2),
                              eos_token_ids=[eos, 999])
-    tm = tree.generate([1, 2, 3], sampling=GREEDY, max_new_tokens=20).metrics
+    tm = tree.generate([1, 2, 3], sampling=GREEDY, gamma=6, max_new_tokens=20).metrics
     assert (tm.accepted, tm.emitted_accepted, tm.rounds) == (6, 3, 1) and tm.block_efficiency == pytest.approx(3.0)
 
 

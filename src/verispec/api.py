@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,20 +18,19 @@ from verispec.core.rules import Rule, get
 from verispec.core.sampling import SamplingConfig
 from verispec.defaults import (
     AUTO,
+    DEFAULT_CONTEXT,
     DEFAULT_DRAFT,
     DEFAULT_DTYPE,
-    DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TARGET,
-    DEFAULT_TEMPERATURE,
-    DEFAULT_VERIFIER,
     DRAFTERS,
-    SERVING_GAMMA,
     check_pairing,
     drafter_spec,
     resolve_backends,
 )
 from verispec.drafters import BaseDrafter
 from verispec.drafters.registry import make_drafter
+from verispec.options import OPTIONS, check_all
+from verispec.options import options as schema_options
 from verispec.runtime.engine import Engine
 from verispec.runtime.types import GenerationResult
 
@@ -102,7 +102,7 @@ def _gguf_of(name: str | os.PathLike[str], role: str) -> tuple[str, bool]:
 def load_llamacpp_target(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     threads: int | None = None,
-    n_ctx: int = 4096,
+    n_ctx: int = DEFAULT_CONTEXT,
     max_rows: int = 8,
     isolate_rows: bool = False,
 ) -> tuple[object, object, object, list[int]]:
@@ -218,27 +218,30 @@ ENGINES = EngineCache()
 def load_engine(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
-    drafter: str = "model",
+    drafter: str = AUTO,
     dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     cache: bool = True,
     tree: dict | None = None,
     device: str = "cpu",
-    target_backend: str = "hf",
+    target_backend: str = AUTO,
     deterministic: bool = False,
     draft_p_min: float = 0.0,
     max_rows: int = 8,
 ) -> Engine:
     """Load target (and draft) by registered name or local HF directory into a reusable engine.
 
-    ``drafter`` is one of :data:`verispec.defaults.DRAFTERS`: "model" (the draft model, chain), "tree" (token
+    ``drafter`` and ``target_backend``: "auto" (the default, as :func:`generate`'s) resolves both as
+    :func:`~verispec.defaults.resolve_backends` does (llama.cpp when it is installed and the device is the CPU,
+    else transformers). ``drafter`` is one of :data:`verispec.defaults.DRAFTERS`: "model" (the draft model, chain),
+    "tree" (token
     trees verified in one target forward with tree attention; ``tree`` holds the tree drafter's options),
     "llamacpp" (the draft's GGUF run by llama.cpp, about 4x cheaper per draft token on CPU; needs
     ``requirements-fast.txt``), "ngram" (prompt lookup), "ngram+model" / "ngram+llamacpp" (prompt lookup when
     the last tokens occurred before, else that draft) or "none" (target only). ``device``: where the
     transformers models run ("cpu", "cuda", "cuda:1", ...); verification always runs on the CPU in float64.
 
-    ``target_backend``: "hf" (transformers, the default: exact fp32 equality with transformers) or "llamacpp"
+    ``target_backend``: "hf" (transformers: exact fp32 equality with transformers) or "llamacpp"
     (the target's GGUF run by llama.cpp, see :func:`load_llamacpp_target`; ``dtype`` then applies to an HF draft
     only). With a llama.cpp target the drafters' ``gamma="auto"`` uses its block-cost curve
     (:meth:`~verispec.backends.llamacpp.LlamaCppBackend.block_cost`) and falls back to gamma 0 when drafting
@@ -256,6 +259,7 @@ def load_engine(
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    target_backend, drafter = resolve_backends(target_backend, drafter, device)
     check_pairing(drafter, target_backend)
     if threads:
         torch.set_num_threads(threads)
@@ -291,79 +295,43 @@ def generate(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
     drafter: str = AUTO,
-    rule: str | Rule = "lossless",
     rule_params: dict | None = None,
-    verifier: str = DEFAULT_VERIFIER,
-    gamma: int | str | None = None,
-    temperature: float = DEFAULT_TEMPERATURE,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    eta: float | None = None,
-    repetition_penalty: float = 1.0,
-    frequency_penalty: float = 0.0,
-    presence_penalty: float = 0.0,
-    logit_bias: dict[int, float] | None = None,
-    logprobs: int | None = None,
-    logprobs_mode: str = "emitted",
-    response_format: dict | None = None,
-    budget: dict | str | None = None,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    stop: Sequence[str] = (),
-    seed: int = 0,
-    chat: bool = False,
     dtype: str = DEFAULT_DTYPE,
     target_backend: str = AUTO,
     draft_p_min: float = 0.0,
+    **options: Any,
 ) -> GenerationResult:
     """Speculative generation in one call; models are loaded once and kept for later calls.
 
     ``drafter`` and ``target_backend``: "auto" (the default) runs both on llama.cpp when it is installed, else
-    on transformers (:func:`~verispec.defaults.resolve_backends`). ``gamma``: the draft length (tree: depth),
-    "auto", or None for :data:`~verispec.defaults.SERVING_GAMMA` (the adaptive schedule: drafts only while it pays
-    here; pass a constant for a seed-reproducible sampled run). ``verifier``: "token", "block" or "hsd" (block
-    verification, lossless rules: :mod:`verispec.core.verify.block`). ``logit_bias``: token id -> a bias in
-    [-100, 100] added to that token's logit, for the target and the draft alike. ``logprobs``: each generated
-    token's log-probability and that many alternatives in ``result.logprobs``, under ``logprobs_mode`` ("emitted":
-    the law it was emitted from, the rule's exact induced law under a lossy rule; "target": the target's p).
-    ``response_format``: structured output, e.g. ``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
-    ``{"type": "json_object"}``, ``{"type": "regex", "regex": "..."}`` (:mod:`verispec.runtime.grammar`).
-    ``budget``: a divergence budget for ``rule="lenience"`` or ``"cos-we"`` (or the overshoot ceiling and min-p cap
-    in their residual realization), ``{"tv": 0.05}`` (every position's induced law within TV 0.05 of the target's,
-    the parameter that accepts most among those that fit chosen per position, exactly)
-    and / or ``{"tv_total": B}`` (the whole sequence's law within TV B); ``result.metrics.budget`` reports it.
+    on transformers (:func:`~verispec.defaults.resolve_backends`). ``rule_params``: the parameters of ``rule``.
     ``draft_p_min``: a draft model's chain stops where its top probability falls below this (lossless; 0: off).
+    Every other keyword is an option of the request schema (:data:`verispec.options.OPTIONS`, listed in this
+    function's signature with its default): ``rule``, ``verifier``, ``gamma`` (the draft length, tree depth, or
+    "auto": the adaptive schedule, which drafts only while it pays here; pass a constant for a seed-reproducible
+    sampled run), ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``eta``, the penalties, ``logit_bias``,
+    ``logprobs`` / ``logprobs_mode``, ``response_format`` (structured output), ``budget`` (a divergence budget:
+    ``{"tv": 0.05}`` and / or ``{"tv_total": B}``), ``max_new_tokens``, ``stop``, ``seed``, ``chat``, ...
 
     Returns text, token ids, finish_reason ("stop" or "length") and metrics (BE, tokens/round, timings).
     """
-    cfg = SamplingConfig(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        eta=eta,
-        repetition_penalty=repetition_penalty,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        logit_bias=logit_bias,  # type: ignore[arg-type]
-    )
+    values = check_all(options)
+    sampling = SamplingConfig.of({o.name: values.pop(o.name) for o in schema_options("sampling")
+                                  if o.name in values})
+    rule = values.pop("rule", OPTIONS["rule"].default)
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
     target_backend, drafter = resolve_backends(target_backend, drafter)
     engine = load_engine(target, draft if drafter_spec(drafter).uses_draft_model else None, drafter, dtype,
                          target_backend=target_backend, draft_p_min=draft_p_min)
-    return engine.generate(  # type: ignore[return-value]
-        prompt_or_ids,
-        rule=rule_obj,
-        sampling=cfg,
-        gamma=SERVING_GAMMA if gamma is None else gamma,
-        max_new_tokens=max_new_tokens,
-        stop=stop,
-        seed=seed,
-        chat=chat,
-        verifier=verifier,
-        logprobs=logprobs,
-        logprobs_mode=logprobs_mode,
-        response_format=response_format,
-        budget=budget,
-    )
+    return engine.generate(prompt_or_ids, rule=rule_obj, sampling=sampling, **values)  # type: ignore[return-value]
 
+
+def _signature() -> inspect.Signature:
+    """:func:`generate`'s signature: its own parameters, then every option of the request schema."""
+    own = [p for p in inspect.signature(generate).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    schema = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default)
+              for o in schema_options()]
+    return inspect.Signature(own + schema, return_annotation=GenerationResult)
+
+
+generate.__signature__ = _signature()  # type: ignore[attr-defined]

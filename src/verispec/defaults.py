@@ -5,12 +5,20 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-__all__ = ["AUTO", "AUTO_DRAFTER", "CHAT_MAX_NEW_TOKENS", "DEFAULT_BATCH_SIZE", "DEFAULT_DRAFT", "DEFAULT_DRAFTER",
-           "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TARGET", "DEFAULT_TARGET_BACKEND",
-           "DEFAULT_TEMPERATURE", "DEFAULT_VERIFIER", "DRAFTERS", "DTYPES", "LOGPROBS_MODES", "LOGPROB_FLOOR",
-           "MAX_TOP_LOGPROBS", "DrafterSpec", "PAPER_SEEDS", "SERVING_GAMMA", "SWEEP_DETERMINISTIC",
-           "SWEEP_MAX_NEW_TOKENS", "TARGET_BACKENDS", "TargetBackendSpec", "VERIFIERS", "check_pairing",
-           "check_verifier", "drafter_spec", "llamacpp_installed", "resolve_backends", "target_backend"]
+from verispec.registry import Registry
+
+__all__ = ["AUTO", "AUTO_DRAFTER", "CHAT_MAX_NEW_TOKENS", "DEFAULT_BATCH_SIZE", "DEFAULT_CONTEXT", "DEFAULT_DRAFT",
+           "DEFAULT_DRAFTER", "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_RULE",
+           "DEFAULT_TARGET", "DEFAULT_TARGET_BACKEND", "DEFAULT_TEMPERATURE", "DEFAULT_VERIFIER", "DRAFTERS", "DTYPES",
+           "LOGIT_BIAS_LIMIT", "LOGPROBS_MODES", "LOGPROB_FLOOR", "MAX_GAMMA", "MAX_SEED", "MAX_TOP_LOGPROBS",
+           "N_BOOT", "DrafterSpec", "PAPER_SEEDS", "SERVING_GAMMA", "SWEEP_DETERMINISTIC",
+           "SWEEP_MAX_NEW_TOKENS", "TARGET_BACKENDS", "TOY_ALPHABET", "TargetBackendSpec", "VERIFIERS", "VerifierSpec",
+           "check_pairing", "check_verifier", "drafter_spec", "llamacpp_installed", "resolve_backends",
+           "target_backend"]
+
+#: the one sentinel meaning "choose automatically" (gamma: the adaptive schedule; drafter and target backend: see
+#: AUTO_DRAFTER and resolve_backends)
+AUTO = "auto"
 
 #: the default real pair (registered names; :mod:`verispec.models` installs them)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -25,7 +33,21 @@ DEFAULT_GAMMA = 5
 #: adaptive schedule (:mod:`verispec.core.schedule`), which drafts only while drafting pays on this machine and
 #: falls back to plain decoding otherwise. Its rounds follow measured times, so at temperature > 0 a seed fixes
 #: the text only with a constant gamma; greedy output is the target's whatever the rounds.
-SERVING_GAMMA: int | str = "auto"
+SERVING_GAMMA: int | str = AUTO
+#: the largest draft length a request may ask for (every front door)
+MAX_GAMMA = 32
+#: the rule that verifies a request that names none
+DEFAULT_RULE = "lossless"
+#: context (tokens) of a llama.cpp model or a vLLM engine when none is given, and the server's largest max_tokens
+DEFAULT_CONTEXT = 4096
+#: request seeds lie in [0, MAX_SEED) (a signed 64-bit integer, as the OpenAI API and torch take them)
+MAX_SEED = 2**63
+#: the largest magnitude of a logit bias (the OpenAI API's range; +-100 bans or forces a token in practice)
+LOGIT_BIAS_LIMIT = 100.0
+#: the toy models' 64 symbols (verispec.toy's character tokenizer and the toy benchmark task)
+TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
+#: bootstrap resamples of every confidence interval (verispec.eval.stats and the studies)
+N_BOOT = 2000
 #: new tokens of a request that names none (``generate --chat`` allows a complete answer; sweeps their own)
 DEFAULT_MAX_NEW_TOKENS = 128
 CHAT_MAX_NEW_TOKENS = 512
@@ -48,29 +70,40 @@ DEFAULT_TARGET_BACKEND = "hf"
 #: lookup on llama.cpp, whose block cost grows with its length on a CPU: there the draft model did not pay (the
 #: schedule fell back in 99% of the rounds), prompt lookup costs nothing when it finds no match and pays on code
 #: where the output restates the prompt. Both run under the adaptive schedule.
-AUTO = "auto"
 AUTO_DRAFTER = {"hf": "model", "llamacpp": "ngram"}
-#: how a round's chain of drafts is verified: "token" (the rule's acceptance and correction, token by token: every
-#: rule, chains and trees) or "block" (Sun et al. 2024's block verification: lossless rules, chains only; accepts
-#: at least as many drafts per round in expectation, same law)
-VERIFIERS: dict[str, str] = {
-    "token": "token by token with the rule's acceptance h and correction r (every rule; chains and trees)",
-    "block": "block verification (Sun et al. 2024): the longest prefix passing its block test; lossless rules, "
-             "chains only",
-    "hsd": "hierarchical verification (Zhou et al. 2026): the whole block by its capped joint ratio, else a walk "
-           "back through the prefixes; lossless rules, chains only",
-}
+@dataclass(frozen=True)
+class VerifierSpec:
+    """How a round's chain of drafts is verified, as data: ``lossless_only`` (it verifies the lossless law, so a
+    lossy rule is refused) and ``chains_only`` (token trees are refused)."""
+
+    name: str
+    help: str
+    lossless_only: bool
+    chains_only: bool
+
+
+#: how a round's drafts are verified: "token" (the rule's acceptance and correction, token by token: every rule,
+#: chains and trees), "block" (Sun et al. 2024's block verification) or "hsd" (hierarchical): both accept at least
+#: as many drafts per round in expectation as "token", with the same law
+VERIFIERS: Registry[VerifierSpec] = Registry("verifier", [(s.name, s) for s in (
+    VerifierSpec("token", "token by token with the rule's acceptance h and correction r (every rule; chains and "
+                 "trees)", False, False),
+    VerifierSpec("block", "block verification (Sun et al. 2024): the longest prefix passing its block test; "
+                 "lossless rules, chains only", True, True),
+    VerifierSpec("hsd", "hierarchical verification (Zhou et al. 2026): the whole block by its capped joint ratio, "
+                 "else a walk back through the prefixes; lossless rules, chains only", True, True),
+)])
 DEFAULT_VERIFIER = "token"
 
 
 def check_verifier(verifier: str, lossless: bool, trees: bool) -> None:
-    """ValueError naming the problem when ``verifier`` is unknown or cannot verify this rule or proposal."""
-    if verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
-    if verifier != "token" and not lossless:
+    """ValueError naming the problem when ``verifier`` is unknown or cannot verify this rule or proposal (its
+    capabilities: :class:`VerifierSpec`)."""
+    spec = VERIFIERS[verifier]
+    if spec.lossless_only and not lossless:
         raise ValueError(f"verifier {verifier!r} verifies the lossless law: use a lossless rule, or verifier 'token' "
                          "for a lossy one")
-    if verifier != "token" and trees:
+    if spec.chains_only and trees:
         raise ValueError(f"verifier {verifier!r} verifies a chain; token trees are verified token by token")
 
 
@@ -112,8 +145,8 @@ class DrafterSpec:
         return self.kind == "tree"
 
 
-DRAFTERS: dict[str, DrafterSpec] = {
-    s.name: s
+DRAFTERS: Registry[DrafterSpec] = Registry("drafter", [
+    (s.name, s)
     for s in (
         DrafterSpec("model", "hf", "chain", "chain from the draft model (transformers)"),
         DrafterSpec("llamacpp", "llamacpp", "chain",
@@ -124,14 +157,12 @@ DRAFTERS: dict[str, DrafterSpec] = {
         DrafterSpec("ngram+llamacpp", "llamacpp", "hybrid", "prompt lookup when it matches, else the llama.cpp draft"),
         DrafterSpec("none", None, "none", "target only, through the same loop"),
     )
-}
+])
 
 
 def drafter_spec(name: str) -> DrafterSpec:
-    try:
-        return DRAFTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}") from None
+    """The registered drafter ``name`` (:class:`~verispec.registry.UnknownName` otherwise)."""
+    return DRAFTERS[name]
 
 
 @dataclass(frozen=True)
@@ -145,21 +176,19 @@ class TargetBackendSpec:
 
 #: what can run the target: "hf" (transformers; exact fp32 equality with transformers) or "llamacpp" (the
 #: target's GGUF run by llama.cpp via llama-cpp-python, requirements-fast.txt; raw logits, verispec samples)
-TARGET_BACKENDS: dict[str, TargetBackendSpec] = {
-    s.name: s
+TARGET_BACKENDS: Registry[TargetBackendSpec] = Registry("target backend", [
+    (s.name, s)
     for s in (
-        TargetBackendSpec("hf", "transformers (default; exact fp32 equality with transformers)", True),
+        TargetBackendSpec("hf", "transformers (exact fp32 equality with transformers)", True),
         TargetBackendSpec("llamacpp", "the target's GGUF run by llama.cpp (requirements-fast.txt); fastest on a CPU",
                           False),
     )
-}
+])
 
 
 def target_backend(name: str) -> str:
     """Validate a target backend name (see :data:`TARGET_BACKENDS`)."""
-    if name not in TARGET_BACKENDS:
-        raise ValueError(f"unknown target backend {name!r}; choose one of {', '.join(TARGET_BACKENDS)}")
-    return name
+    return TARGET_BACKENDS.check(name)
 
 
 def llamacpp_installed() -> bool:

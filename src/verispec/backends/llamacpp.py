@@ -60,6 +60,7 @@ import torch
 
 from verispec.backends.base import ScoreRequest, common_prefix_len, plan_requests
 from verispec.core.schedule import interpolate_costs
+from verispec.defaults import DEFAULT_CONTEXT, TARGET_BACKENDS
 
 __all__ = ["DEFAULT_BLOCK_COSTS", "LlamaCppBackend", "llama_cpp_available"]
 
@@ -122,12 +123,12 @@ class LlamaCppBackend:
 
     name = "llamacpp"
 
-    supports_trees = False
+    supports_trees = TARGET_BACKENDS["llamacpp"].tree_attention  # stated once, on the spec
 
     def __init__(
         self,
         gguf_path: str | os.PathLike[str],
-        n_ctx: int = 4096,
+        n_ctx: int = DEFAULT_CONTEXT,
         n_threads: int = 2,
         vocab_size: int | None = None,
         n_batch: int = 512,

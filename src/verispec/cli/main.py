@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import click
 
@@ -18,19 +19,15 @@ from verispec.defaults import (
     AUTO,
     AUTO_DRAFTER,
     CHAT_MAX_NEW_TOKENS,
+    DEFAULT_CONTEXT,
     DEFAULT_DTYPE,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_TEMPERATURE,
-    DEFAULT_VERIFIER,
     DRAFTERS,
     DTYPES,
-    LOGPROBS_MODES,
-    MAX_TOP_LOGPROBS,
-    SERVING_GAMMA,
     TARGET_BACKENDS,
-    VERIFIERS,
     resolve_backends,
 )
+from verispec.options import OPTIONS
+from verispec.options import options as schema_group
 
 __all__ = ["main"]
 
@@ -322,15 +319,49 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 # ----------------------------------------------------------------------------------------------- generate
 
 
+_METAVARS = {"float": "X", "int": "N", "str": "NAME", "rule": "NAME", "gamma": "N|auto", "stop": "TEXT",
+             "logit_bias": "TOKEN_ID=BIAS", "object": "JSON", "budget": "tv=EPS[,tv_total=B]"}
+
+
+def schema_options(command: Callable) -> Callable:
+    """Add a command-line option for every request-schema option that has one (:data:`verispec.options.OPTIONS`):
+    its flag, help, choices and default come from the schema, and its value is read and checked by the schema
+    (the same words as the API and the server). An option left out stays None (a flag False, a repeatable one
+    empty): the schema's default then applies."""
+    for opt in reversed([o for o in OPTIONS.values() if o.cli]):
+        words = opt.cli_help or opt.help
+        if opt.choices and opt.name != "verifier":
+            words += f" One of: {', '.join(opt.choices)}."
+        if opt.kind == "bool":
+            decorator = click.option(opt.flag, opt.name, is_flag=True, default=False, help=words)
+        elif opt.kind in ("stop", "logit_bias"):
+            decorator = click.option(opt.flag, opt.name, multiple=True, metavar=_METAVARS[opt.kind],
+                                     help=words + " Repeatable.")
+        else:
+            shown = f" [default: {opt.default}]" if opt.default is not None else ""
+            decorator = click.option(opt.flag, opt.name, default=None, metavar=_METAVARS[opt.kind],
+                                     help=words + shown)
+        command = decorator(command)
+    return command
+
+
+def schema_values(given: dict[str, object]) -> dict[str, object]:
+    """The schema options given on the command line, read and checked (OptionError naming the flag); the
+    options left out are removed from ``given`` too."""
+    out = {}
+    for opt in (o for o in OPTIONS.values() if o.cli):
+        raw = given.pop(opt.name)
+        if raw is None or raw == () or raw is False:
+            continue
+        out[opt.name] = opt.parse_text(raw) if opt.kind != "bool" else opt.check(raw, opt.flag)  # type: ignore[arg-type]
+    return out
+
+
 @main.command()
 @click.argument("prompt")
-@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--target", default=None, metavar="NAME|DIR", help="Target model (default: the 1.5B Qwen coder).")
 @click.option("--draft", default=None, metavar="NAME|DIR", help="Draft model (default: the 0.5B Qwen coder).")
-@click.option("--rule", "rule_name", default="lossless", show_default=True, help="Verification rule.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Rule parameter; repeatable.")
-@click.option("--verifier", type=click.Choice(list(VERIFIERS)), default=DEFAULT_VERIFIER, show_default=True,
-              help="; ".join(f"{k}: {v}" for k, v in VERIFIERS.items()) + ".")
 @click.option("--drafter", type=click.Choice([AUTO] + [d for d in DRAFTERS if d != "none"]), default=AUTO,
               show_default=True,
               help=f"{AUTO}: {AUTO_DRAFTER['llamacpp']} on a llama.cpp target, else {AUTO_DRAFTER['hf']}; "
@@ -346,61 +377,26 @@ def simulate(out_dir: str, n_pairs: int, seed: int, q_tail: float, from_log: str
 @click.option("--tree-budget", default=None, type=click.IntRange(min=1),
               help="Dynamic tree: expand the most probable nodes up to this many (default: static top-k tree).")
 @click.option("--no-draft", is_flag=True, help="Target-only decoding through the same loop.")
-@click.option("--gamma", default=None,
-              help="Draft length (tree: depth), or 'auto': chosen each round from measured costs and acceptance, 0 "
-                   "(plain decoding) when drafting does not pay. Default: auto; give a number to make a seeded "
-                   "sampled run reproducible.")
 @click.option("--draft-p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
               help="Stop a draft model's chain where its top probability falls below this (lossless; 0: off).")
-@click.option("--temperature", default=DEFAULT_TEMPERATURE, show_default=True, type=float, help="0 means greedy.")
-@click.option("--top-p", default=None, type=float)
-@click.option("--top-k", default=None, type=int)
-@click.option("--min-p", default=None, type=float, help="min-p p_base applied to target and draft.")
-@click.option("--eta", default=None, type=float, help="eta-sampling epsilon applied to target and draft.")
-@click.option("--repetition-penalty", default=1.0, show_default=True, type=float)
-@click.option("--frequency-penalty", default=0.0, show_default=True, type=float)
-@click.option("--presence-penalty", default=0.0, show_default=True, type=float)
-@click.option("--logit-bias", "logit_bias", multiple=True, metavar="TOKEN_ID=BIAS",
-              help="Add BIAS (in [-100, 100]) to a token's logit, for target and draft alike; repeatable.")
-@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
-              help=f"Most tokens to generate. Default: {CHAT_MAX_NEW_TOKENS} with --chat (room for a complete answer), "
-                   f"else {DEFAULT_MAX_NEW_TOKENS}.")
-@click.option("--stop", multiple=True, help="Stop string; repeatable. The output is cut before it.")
-@click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
 @click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as tokens are committed, or wait for the whole answer.")
-@click.option("--response-format", "response_format", default=None, metavar="JSON",
-              help='Structured output, as the server takes it: \'{"type": "json_object"}\', \'{"type": '
-                   '"json_schema", "json_schema": {"schema": {...}}}\', \'{"type": "regex", "regex": "..."}\' or '
-                   '\'{"type": "grammar", "grammar": "<Lark>"}\'; applied to target and draft alike.')
-@click.option("--logprobs", "logprobs", default=None, type=click.IntRange(0, MAX_TOP_LOGPROBS),
-              help="With --json: each generated token's log-probability and this many alternatives.")
-@click.option("--logprobs-mode", type=click.Choice(LOGPROBS_MODES), default="emitted", show_default=True,
-              help="emitted: the law each token was emitted from (under a lossy rule, its exact induced law); "
-                   "target: the processed target distribution.")
-@click.option("--budget", "budget", default=None, metavar="tv=EPS[,tv_total=B]",
-              help="A divergence budget on a lenience or cos-we rule (overshoot-ceiling, minp-cap: residual "
-                   "realization): at each position the parameter that accepts most among those whose exact induced "
-                   "law is within TV EPS of the target's; tv_total=B bounds the whole "
-                   "sequence's TV by B (--json reports the spent budget and each token's parameter).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed).")
-def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rule_name: str,
-             params: tuple[str, ...], verifier: str, drafter: str, target_backend: str, tree_depth: int,
-             tree_top_k: int, tree_budget: int | None, no_draft: bool, gamma: str | None, draft_p_min: float,
-             temperature: float,
-             top_p: float | None, top_k: int | None, min_p: float | None, eta: float | None,
-             repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
-             logit_bias: tuple[str, ...], max_new_tokens: int, stop: tuple[str, ...], seed: int, dtype: str,
-             threads: int | None, device: str, stream: bool, response_format: str | None, logprobs: int | None,
-             logprobs_mode: str, budget: str | None, as_json: bool) -> None:
+              help="Print text, token ids, finish_reason and metrics as one JSON object (not streamed); with "
+                   "--logprobs, each token's log-probabilities too.")
+@schema_options
+def generate(prompt: str, target: str | None, draft: str | None, params: tuple[str, ...], drafter: str,
+             target_backend: str, tree_depth: int, tree_top_k: int, tree_budget: int | None, no_draft: bool,
+             draft_p_min: float, dtype: str, threads: int | None, device: str, stream: bool, as_json: bool,
+             **options: object) -> None:
     """Speculative generation on real models (default: the Qwen2.5-Coder 1.5B/0.5B pair).
 
     The text is printed as tokens are committed (never past a stop string) unless --no-stream or --json; then
-    why generation stopped and the metrics go to stderr.
+    why generation stopped and the metrics go to stderr. --max-new-tokens defaults to
+    {chat} with --chat (room for a complete answer).
     """
     from verispec import models
     from verispec.api import load_engine
@@ -408,18 +404,14 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     from verispec.core.sampling import SamplingConfig
     from verispec.runtime.types import Request
 
-    if max_new_tokens is None:
-        max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else DEFAULT_MAX_NEW_TOKENS
-
     try:
-        gamma_v: int | str = SERVING_GAMMA if gamma is None else gamma if gamma == "auto" else int(gamma)
-        if isinstance(gamma_v, int) and gamma_v < 0:
-            raise ValueError(f"--gamma must be >= 0 or 'auto', got {gamma}")
+        values = schema_values(options)
+        chat = bool(values.get("chat", False))
+        values.setdefault("max_new_tokens", CHAT_MAX_NEW_TOKENS if chat else OPTIONS["max_new_tokens"].default)
+        max_new_tokens = int(values["max_new_tokens"])  # type: ignore[call-overload]
         target_backend, drafter = resolve_backends(target_backend, drafter, device)
-        rule = rules.get(rule_name, **rules.parse_params(params))
-        cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, eta=eta,
-                             repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-                             presence_penalty=presence_penalty, logit_bias=_logit_bias(logit_bias))
+        rule = rules.get(values.pop("rule", OPTIONS["rule"].default), **rules.parse_params(params))  # type: ignore[arg-type]
+        cfg = SamplingConfig.of({o.name: values.pop(o.name) for o in schema_group("sampling") if o.name in values})
         tree = ({"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget}
                 if DRAFTERS[drafter].proposes_trees else None)
         drafter = "none" if no_draft else drafter
@@ -427,10 +419,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
         engine = load_engine(target or models.DEFAULT_TARGET, (draft or models.DEFAULT_DRAFT) if uses_draft else None,
                              drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend,
                              draft_p_min=draft_p_min)
-        request = Request(prompt, rule=rule, sampling=cfg, gamma=gamma_v, max_new_tokens=max_new_tokens,
-                          stop=list(stop), seed=seed, chat=chat, verifier=verifier, logprobs=logprobs,
-                          logprobs_mode=logprobs_mode, response_format=_response_format(response_format),
-                          budget=budget)
+        request = Request(prompt, rule=rule, sampling=cfg, **values)
         result = _run_streaming(engine, request, echo=stream and not as_json)
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
@@ -451,31 +440,7 @@ def generate(prompt: str, chat: bool, target: str | None, draft: str | None, rul
     )
 
 
-def _response_format(text: str | None) -> dict | None:
-    """``--response-format`` JSON -> the object; ValueError naming a malformed one."""
-    if text is None:
-        return None
-    try:
-        fmt = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--response-format is not valid JSON: {exc}") from None
-    if not isinstance(fmt, dict):
-        raise ValueError("--response-format must be a JSON object, e.g. '{\"type\": \"json_object\"}'")
-    return fmt
-
-
-def _logit_bias(items: tuple[str, ...]) -> dict[int, float] | None:
-    """``--logit-bias ID=BIAS`` options -> {id: bias}; ValueError naming a malformed one."""
-    out: dict[int, float] = {}
-    for item in items:
-        tok, sep, bias = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[int(tok)] = float(bias)
-        except ValueError:
-            raise ValueError(f"--logit-bias expects TOKEN_ID=BIAS (e.g. 151643=-100), got {item!r}") from None
-    return out or None
+generate.help = (generate.help or "").replace("{chat}", str(CHAT_MAX_NEW_TOKENS))
 
 
 def _budget_text(report: dict | None) -> str:
@@ -554,7 +519,7 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
               help="Requests admitted at once (running + waiting); more get 429.")
 @click.option("--max-prompt-tokens", default=None, type=click.IntRange(min=1),
               help="Longest prompt accepted (default: what the context holds); longer gets 400.")
-@click.option("--max-tokens-limit", default=4096, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-tokens-limit", default=DEFAULT_CONTEXT, show_default=True, type=click.IntRange(min=1),
               help="Largest max_tokens a request may ask for (400 beyond); also the chat default.")
 @click.option("--deterministic", is_flag=True,
               help="Every request on model backends of its own: its tokens and log-probabilities do not depend on "
@@ -623,8 +588,8 @@ def models_status() -> None:
     """Where each named model is, or that it is not installed."""
     from verispec import models
 
-    models.main(["status"])
-
+    for name, role, state in models.status():
+        click.echo(f"{name:32s} {role:7s} {state}")
 
 
 # ----------------------------------------------------------------------------------------------- audit

@@ -18,15 +18,12 @@ batched over any leading dimensions, with the vocabulary last; none loops over t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from verispec.defaults import DEFAULT_TEMPERATURE
-
-#: the largest magnitude of a logit bias (the OpenAI API's range; +-100 bans or forces a token in practice)
-LOGIT_BIAS_LIMIT = 100.0
+from verispec.defaults import DEFAULT_TEMPERATURE, LOGIT_BIAS_LIMIT
+from verispec.options import OPTIONS, OptionError, options
 
 __all__ = [
     "LOGIT_BIAS_LIMIT",
@@ -68,38 +65,26 @@ class SamplingConfig:
     logit_bias: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.logit_bias, dict):
-            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
-        if self.logit_bias is not None:
-            seen = set()
-            for tok, bias in self.logit_bias:
-                if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
-                    raise ValueError(f"logit_bias: token ids must be integers >= 0, got {tok!r}")
-                if tok in seen:
-                    raise ValueError(f"logit_bias: token {tok} is given twice")
-                seen.add(tok)
-                if not (isinstance(bias, (int, float)) and -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT):
-                    raise ValueError(f"logit_bias: the bias of token {tok} must be a number in "
-                                     f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {bias!r}")
-            if not self.logit_bias:
-                object.__setattr__(self, "logit_bias", None)
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.min_p is not None and not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p (p_base) must be in [0, 1], got {self.min_p}")
-        if self.eta is not None and not self.eta > 0:
-            raise ValueError(f"eta (epsilon) must be > 0, got {self.eta}")
+        # the ranges and the words of every refusal: the request schema (verispec.options), as at every front door
+        for opt in options("sampling"):
+            value = getattr(self, opt.name)
+            if opt.name == "logit_bias":
+                if value is not None and not isinstance(value, dict):
+                    _check_pairs(value)
+                    value = dict(value)
+                value = opt.check(value)
+                value = tuple(sorted(value.items())) if value else None
+            else:
+                value = opt.check(value)
+            object.__setattr__(self, opt.name, value)
         if self.eta_delta is not None and not self.eta_delta > 0:
             raise ValueError(f"eta_delta must be > 0, got {self.eta_delta}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+
+    @classmethod
+    def of(cls, values: dict[str, object]) -> SamplingConfig:
+        """The config of the request schema's "sampling" options in ``values`` (None: that option's default)."""
+        return cls(**{k: (OPTIONS[k].default if v is None and not OPTIONS[k].nullable else v)
+                      for k, v in values.items()})
 
     @property
     def greedy(self) -> bool:
@@ -130,6 +115,15 @@ class SamplingConfig:
         deterministic temperature-0 reading of a lossy rule compares
         (:func:`verispec.core.verify.chain.verify_greedy_rule`)."""
         return replace(self, temperature=1.0, top_k=None, top_p=None, min_p=None, eta=None, eta_delta=None)
+
+
+def _check_pairs(pairs: object) -> None:
+    """logit_bias given as (token id, bias) pairs: each id once."""
+    seen = set()
+    for tok, _ in pairs:  # type: ignore[attr-defined]
+        if tok in seen:
+            raise OptionError("logit_bias", f"logit_bias: token {tok} is given twice")
+        seen.add(tok)
 
 
 class History:

@@ -30,7 +30,7 @@ from verispec.core.rules import Rule
 from verispec.core.sampling import History, SamplingConfig
 from verispec.core.schedule import PRIOR_ALPHA, AdaptiveGamma
 from verispec.core.verify.tree import tree_depths
-from verispec.defaults import DEFAULT_GAMMA
+from verispec.defaults import DEFAULT_GAMMA, DRAFTERS
 
 __all__ = ["BaseDrafter", "DraftRequest", "Drafter", "Proposal", "RowPrior", "check_gamma"]
 
@@ -166,7 +166,7 @@ class BaseDrafter:
 
     name = "base"
     #: capability: proposals are token trees (the target needs tree attention; only tree-safe rules verify)
-    proposes_trees = False
+    proposes_trees = DRAFTERS["model"].proposes_trees  # stated once, on the drafter specs: a chain
     default_gamma = DEFAULT_GAMMA
     #: the target's block-cost curve (k -> cost of a k-token block in single steps, e.g. a llama.cpp target's
     #: ``block_cost``) for ``gamma="auto"``; None: a constant target cost per round. Set by ``load_engine``.

@@ -38,6 +38,7 @@ from verispec.core.sampling import History, process
 from verispec.core.schedule import AdaptiveGamma, BlockLen
 from verispec.core.verify.chain import sample_categorical
 from verispec.core.verify.tree import tree_path
+from verispec.defaults import DRAFTERS
 from verispec.drafters.base import DraftRequest, Proposal
 from verispec.drafters.model import ModelDrafter
 
@@ -64,7 +65,7 @@ class _Tree:
 
 class TreeDrafter(ModelDrafter):
     name = "tree"
-    proposes_trees = True
+    proposes_trees = DRAFTERS["tree"].proposes_trees  # stated once, on the drafter spec
 
     def __init__(
         self,

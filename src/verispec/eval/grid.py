@@ -259,8 +259,7 @@ def _budget_grid(rule: str, budget: object) -> list[tuple[tuple[str, float], ...
 
 
 def _grid(rule: str, params: object, budget: object = None) -> list[MethodSetting]:
-    if rule not in rules.REGISTRY:
-        raise ValueError(f"unknown rule {rule!r}; known rules: {', '.join(rules.REGISTRY)}")
+    rules.REGISTRY.check(rule)
     if budget is not None:
         budgets = _budget_grid(rule, budget)
         fam = family_of(rule)

@@ -17,9 +17,10 @@ convenience that runs one prompt or a list of prompts to completion through it.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,15 +35,9 @@ from verispec.core.verify.block import verify_chain_block
 from verispec.core.verify.chain import verify_block, verify_greedy, verify_greedy_rule
 from verispec.core.verify.hsd import verify_chain_hsd
 from verispec.core.verify.tree import TokenTree, check_tree_rule, tree_path, verify_tree
-from verispec.defaults import (
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_VERIFIER,
-    LOGPROB_FLOOR,
-    LOGPROBS_MODES,
-    MAX_TOP_LOGPROBS,
-    check_verifier,
-)
-from verispec.drafters.base import Drafter, DraftRequest, Proposal, check_gamma
+from verispec.defaults import LOGPROB_FLOOR, check_verifier
+from verispec.drafters.base import Drafter, DraftRequest, Proposal
+from verispec.options import OPTIONS, options
 from verispec.runtime.details import TokenDetail, check_token_details, round_details
 from verispec.runtime.grammar import GrammarCompiler
 from verispec.runtime.scheduler import Scheduler
@@ -111,7 +106,10 @@ class Engine:
             raise ValueError("a text prompt needs a tokenizer")
         if chat:
             msgs = [{"role": "user", "content": prompt}]
-            return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):  # a BatchEncoding: transformers 5 returns one by default (return_dict=True)
+                ids = ids["input_ids"]
+            return [int(t) for t in ids]
         return list(self.tokenizer(prompt)["input_ids"])
 
     # -- rows ------------------------------------------------------------------------------------------------
@@ -122,25 +120,16 @@ class Engine:
         rule = get(req.rule) if isinstance(req.rule, str) else req.rule
         if not isinstance(rule, Rule):
             raise ValueError(f"rule must be a rule name or a Rule, got {type(rule).__name__}")
-        check_gamma(req.gamma)
+        for opt in options("request"):  # every request option's type and range: the request schema's words
+            if opt.name != "rule":
+                value = opt.check(getattr(req, opt.name))
+                if opt.name == "stop":
+                    req.stop = value or []
         cfg.check_vocab(self.target.vocab_size)
         if self.proposes_trees:
             check_tree_rule(rule)
-        if isinstance(req.max_new_tokens, bool) or not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}")
-        if isinstance(req.stop, str):
-            raise ValueError("stop must be a list of strings, not a string")
-        if req.greedy_lossy not in ("reference", "onehot"):
-            raise ValueError(f"greedy_lossy must be 'reference' or 'onehot', got {req.greedy_lossy!r}")
         check_verifier(req.verifier, rule.lossless, self.proposes_trees)
-        for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(req, name)
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS):
-                raise ValueError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), "
-                                 f"got {k!r}")
         if req.logprobs is not None:
-            if req.logprobs_mode not in LOGPROBS_MODES:
-                raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {req.logprobs_mode!r}")
             if self.proposes_trees and not rule.lossless and req.logprobs_mode == "emitted" and not cfg.greedy:
                 raise ValueError("logprobs of the emitted law under a lossy rule are computed for chains; with a tree "
                                  "drafter ask for logprobs_mode 'target'")
@@ -478,60 +467,38 @@ class Engine:
         self,
         prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
         *,
-        rule: Rule | str | Sequence[Rule | str] = "lossless",
         sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
-        gamma: int | str | None | Sequence[int | str | None] = None,
-        max_new_tokens: int | Sequence[int] = DEFAULT_MAX_NEW_TOKENS,
-        stop: Sequence[str] | Sequence[Sequence[str]] = (),
-        seed: int | Sequence[int] = 0,
-        chat: bool | Sequence[bool] = False,
-        greedy_lossy: str | Sequence[str] = "reference",
-        verifier: str | Sequence[str] = DEFAULT_VERIFIER,
-        logprobs: int | None | Sequence[int | None] = None,
-        logprobs_mode: str | Sequence[str] = "emitted",
-        prompt_logprobs: int | None | Sequence[int | None] = None,
-        response_format: Mapping[str, Any] | None | Sequence[Mapping[str, Any] | None] = None,
-        budget: Budget | Mapping[str, float] | str | None | Sequence[Budget | Mapping[str, float] | str | None] = None,
         batch_size: int | None = None,
+        **options: Any,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns a result; bad input raises ValueError) or a list of prompts
         (returns a list in the same order; a bad request gets ``finish_reason="error"`` and its ``error``
         message without disturbing the others).
 
-        A scalar setting applies to every prompt; a list of the same length as the prompts gives per-row values.
-        ``greedy_lossy``: how a lossy rule verifies at temperature 0 (see :class:`Request`). ``verifier``:
-        "token", "block" (:mod:`verispec.core.verify.block`) or "hsd" (:mod:`verispec.core.verify.hsd`; lossless
-        rules, chains). ``logprobs``: report each generated token's log-probability and that many alternatives
-        (``result.logprobs``), under ``logprobs_mode`` (see :class:`Request`). ``prompt_logprobs``: each prompt
-        token's log-probability under the target (``result.prompt_logprobs``, :meth:`prompt_logprobs`).
-        ``response_format``: structured output (a JSON schema, any JSON object, a regex or a Lark grammar;
-        :mod:`verispec.runtime.grammar`), a constraint on target and draft alike. ``budget``: a divergence
-        budget on a lenience, CoS-WE, or residual overshoot-ceiling / min-p cap rule
-        (:class:`~verispec.core.rules.budget.Budget`: ``{"tv": eps}`` per
-        position, ``{"tv_total": B}`` per sequence); ``result.metrics.budget`` reports the spent budget and each
-        token's parameter and distance. Rows run ``batch_size`` at a time (default: all, up to :attr:`max_rows`),
-        joining and leaving between rounds. Stops on EOS ids and ``stop`` strings, never overshooting
-        ``max_new_tokens``.
+        ``options``: the request schema's options (:data:`verispec.options.OPTIONS`: the "request" ones, e.g.
+        ``rule``, ``gamma``, ``max_new_tokens``, ``stop``, ``seed``, ``verifier``, ``logprobs``, ``budget``, and
+        the "sampling" ones, e.g. ``temperature``, ``top_p``, which build a SamplingConfig; pass either those or
+        ``sampling``). A scalar setting applies to every prompt; a list of the same length as the prompts gives
+        per-row values (``stop``: a list of lists). Rows run ``batch_size`` at a time (default: all, up to
+        :attr:`max_rows`), joining and leaving between rounds. Stops on EOS ids and ``stop`` strings, never
+        overshooting ``max_new_tokens``.
         """
         single = isinstance(prompt, str) or len(prompt) == 0 or not isinstance(prompt[0], str | list | tuple)  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
         n = len(prompts)
-        settings = {
-            "rule": _per_row("rule", rule, n, (Rule, str)),
-            "sampling": _per_row("sampling", sampling, n, (SamplingConfig, type(None))),
-            "gamma": _per_row("gamma", gamma, n, (int, str, type(None))),
-            "max_new_tokens": _per_row("max_new_tokens", max_new_tokens, n, (int,)),
-            "stop": _per_row_stop(stop, n),
-            "seed": _per_row("seed", seed, n, (int,)),
-            "chat": _per_row("chat", chat, n, (bool,)),
-            "greedy_lossy": _per_row("greedy_lossy", greedy_lossy, n, (str,)),
-            "verifier": _per_row("verifier", verifier, n, (str,)),
-            "logprobs": _per_row("logprobs", logprobs, n, (int, type(None))),
-            "logprobs_mode": _per_row("logprobs_mode", logprobs_mode, n, (str,)),
-            "prompt_logprobs": _per_row("prompt_logprobs", prompt_logprobs, n, (int, type(None))),
-            "response_format": _per_row("response_format", response_format, n, (Mapping, type(None))),
-            "budget": _per_row("budget", budget, n, (Budget, Mapping, str, type(None))),
-        }
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
+        sampling_opts = {k: v for k, v in options.items() if OPTIONS[k].group == "sampling"}
+        if sampling_opts and sampling is not None:
+            raise ValueError(f"give sampling or {', '.join(sampling_opts)}, not both")
+        if sampling_opts:
+            rows = {k: _per_row(k, v, n) for k, v in sampling_opts.items()}
+            sampling = [SamplingConfig.of({k: v[i] for k, v in rows.items()}) for i in range(n)]
+        settings = {"sampling": _per_row("sampling", sampling, n)}
+        for k, v in options.items():
+            if OPTIONS[k].group == "request":
+                settings[k] = _per_row_stop(v, n) if k == "stop" else _per_row(k, v, n)
         requests = [Request(prompts[i], **{k: v[i] for k, v in settings.items()}) for i in range(n)]
         if single:
             sched = Scheduler(self, max_batch=1)
@@ -552,6 +519,17 @@ class Engine:
         ]
 
 
+def _generate_signature() -> inspect.Signature:
+    """:meth:`Engine.generate`'s signature: the prompt, ``sampling`` and ``batch_size``, then every option of the
+    request schema with its default (made from :data:`verispec.options.OPTIONS`)."""
+    own = [p for p in inspect.signature(Engine.generate).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    schema = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default) for o in OPTIONS.values()]
+    return inspect.Signature(own + schema, return_annotation="GenerationResult | list[GenerationResult]")
+
+
+Engine.generate.__signature__ = _generate_signature()  # type: ignore[attr-defined]
+
+
 def _draft_q(prop: Proposal, p: torch.Tensor) -> torch.Tensor:
     """[gamma, V] float64: the chain's draft distributions, one-hot on the drafted tokens of a token-only draft."""
     if prop.q is not None:
@@ -559,26 +537,23 @@ def _draft_q(prop: Proposal, p: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(torch.tensor(list(prop.tokens)), p.shape[-1]).to(torch.float64)
 
 
-def _per_row(name: str, value: object, n: int, scalar: tuple[type, ...]) -> list:
-    if isinstance(value, scalar) and not isinstance(value, list | tuple):
-        return [value] * n
-    if isinstance(value, list | tuple):
+def _per_row(name: str, value: object, n: int) -> list:
+    """One value per prompt: a list or tuple of ``n`` values is per row (a mapping, a stop string or a scalar
+    applies to every row)."""
+    if isinstance(value, list | tuple) and not (name == "stop"):
         if len(value) != n:
             raise ValueError(f"{name} has {len(value)} values for {n} prompts")
         return list(value)
     return [value] * n
 
 
-def _per_row_stop(stop: Sequence[str] | Sequence[Sequence[str]] | None, n: int) -> list[Sequence[str]]:
-    if stop is None:  # as the OpenAI API: no stop strings
-        return [[] for _ in range(n)]
-    if isinstance(stop, str):
-        raise ValueError("stop must be a list of strings, not a string")
-    if stop and all(isinstance(s, list | tuple) for s in stop):
+def _per_row_stop(stop: str | Sequence[str] | Sequence[Sequence[str]] | None, n: int) -> list:
+    """Stop strings per prompt: a string or a list of strings for every row, a list of ``n`` lists per row."""
+    if stop and not isinstance(stop, str) and all(isinstance(s, list | tuple) for s in stop):
         if len(stop) != n:
             raise ValueError(f"stop has {len(stop)} lists for {n} prompts")
         return [list(s) for s in stop]
-    return [list(stop)] * n  # type: ignore[arg-type]
+    return [stop] * n
 
 
 #: the name the chain loop had before chains and trees shared one engine

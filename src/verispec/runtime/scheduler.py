@@ -4,7 +4,7 @@ The evaluation harness, :meth:`Engine.generate` and the HTTP server all drive th
 requests (validated at once: bad input raises ValueError and never reaches the batch), call :meth:`step`
 (admit waiting requests up to ``max_batch``, run one engine round for every running row, retire finished
 rows) until :attr:`idle`. Each :class:`Handle` collects its tokens as they are committed and, when done, its
-:class:`~verispec.runtime.engine.GenerationResult`; an ``on_tokens`` callback sees every round's new tokens (streaming).
+:class:`~verispec.runtime.types.GenerationResult`; an ``on_tokens`` callback sees every round's new tokens (streaming).
 Thread-safe: one thread may step while others submit or cancel.
 """
 
@@ -14,14 +14,29 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from verispec.runtime.types import GenerationResult, Metrics, Request, Row
 
-if TYPE_CHECKING:  # the engine drives rows through a scheduler; the scheduler only names its type
-    from verispec.runtime.engine import Engine
+__all__ = ["Handle", "RoundEngine", "Scheduler"]
 
-__all__ = ["Handle", "Scheduler"]
+
+class RoundEngine(Protocol):
+    """What a scheduler drives (:class:`verispec.runtime.engine.Engine` is one): validate a request, give it a row,
+    run one round for a batch of rows, and hand a finished row back. The engine sits above the scheduler (its
+    ``generate`` runs prompts through one), so the scheduler names only this protocol."""
+
+    max_rows: int | None
+
+    def prepare(self, req: Request) -> Any: ...
+
+    def start(self, req: Request, prepared: Any = None) -> Row: ...
+
+    def step(self, rows: list[Row]) -> Any: ...
+
+    def release(self, row: Row) -> None: ...
+
+    def result(self, row: Row) -> GenerationResult: ...
 
 TokenCallback = Callable[["Handle", list[int]], None]
 DoneCallback = Callable[["Handle"], None]
@@ -49,9 +64,9 @@ class Handle:
 
 
 class Scheduler:
-    """Waiting queue + running batch over an :class:`~verispec.runtime.engine.Engine` (see the module docstring)."""
+    """Waiting queue + running batch over a :class:`RoundEngine` (see the module docstring)."""
 
-    def __init__(self, engine: Engine, max_batch: int = 8) -> None:
+    def __init__(self, engine: RoundEngine, max_batch: int = 8) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         cap = getattr(engine, "max_rows", None)

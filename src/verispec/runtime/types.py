@@ -5,9 +5,8 @@ the scheduler, the server and the harness, so none of them needs another to name
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, make_dataclass
 
 import torch
 
@@ -15,7 +14,7 @@ from verispec.core.constraint import Constraint
 from verispec.core.rules import Rule
 from verispec.core.rules.budget import Budget
 from verispec.core.sampling import History, SamplingConfig
-from verispec.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_VERIFIER
+from verispec.options import OPTIONS, options
 from verispec.runtime.details import TokenDetail
 
 __all__ = ["GenerationResult", "Metrics", "Request", "Row", "TokenLogprob"]
@@ -187,43 +186,30 @@ class GenerationResult:
         return d
 
 
-@dataclass
-class Request:
-    """What one generation asks for. ``gamma=None`` takes the drafter's default (5 for chains, the tree
-    drafter's depth); ``"auto"`` adapts it per round."""
+def _request_class() -> type:
+    """:class:`Request`, derived from the request schema (:data:`verispec.options.OPTIONS`): the prompt, the rule
+    (a name or a :class:`~verispec.core.rules.Rule`), the sampling settings (a
+    :class:`~verispec.core.sampling.SamplingConfig`, the schema's "sampling" options) and every "request" option
+    with its declared default."""
+    fields: list[tuple] = [("prompt", "str | Sequence[int]"),
+                           ("rule", "Rule | str", field(default=OPTIONS["rule"].default)),
+                           ("sampling", "SamplingConfig | None", field(default=None))]
+    for o in options("request"):
+        if o.name == "rule":
+            continue
+        default = field(default_factory=lambda d=o.default: list(d)) if isinstance(o.default, list | tuple) \
+            else field(default=o.default)
+        fields.append((o.name, "Any", default))
+    doc = ("What one generation asks for: ``prompt`` (text or token ids), ``rule`` (a name or a Rule), "
+           "``sampling`` (a SamplingConfig; None: its defaults) and the request options of "
+           ":data:`verispec.options.OPTIONS`:\n\n" + "\n".join(f"- ``{o.name}`` (default {o.default!r}): {o.help}"
+                                                                  for o in options("request") if o.name != "rule"))
+    cls = make_dataclass("Request", fields, namespace={"__doc__": doc, "__module__": __name__})
+    return cls
 
-    prompt: str | Sequence[int]
-    rule: Rule | str = "lossless"
-    sampling: SamplingConfig | None = None
-    gamma: int | str | None = None
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    stop: Sequence[str] = ()
-    seed: int = 0
-    chat: bool = False
-    #: a lossy rule at temperature 0: "reference" accepts a draft iff it is the argmax of the rule's reference
-    #: distribution built from the untempered p and q (deterministic; transformers' weighted-ensemble reading);
-    #: "onehot" applies the rule to the one-hot tempered p and q (its law on point masses; random)
-    greedy_lossy: str = "reference"
-    #: how a chain is verified: "token" or "block" (:data:`verispec.defaults.VERIFIERS`)
-    verifier: str = DEFAULT_VERIFIER
-    #: report each generated token's log-probability and this many alternatives (0..MAX_TOP_LOGPROBS); None: no
-    logprobs: int | None = None
-    #: which distribution: "emitted" or "target" (:data:`verispec.defaults.LOGPROBS_MODES`); at temperature 0 the
-    #: emitted law is a point mass, so both report the target's at temperature 1 (same bias and penalties)
-    logprobs_mode: str = "emitted"
-    #: report each prompt token's log-probability given the tokens before it under the target's own distribution
-    #: (temperature 1, no processors), with this many alternatives; None: no
-    prompt_logprobs: int | None = None
-    #: structured output: ``{"type": "json_object" | "json_schema" | "regex" | "grammar" | "text", ...}``
-    #: (:mod:`verispec.runtime.grammar`); a constraint applied to target and draft alike
-    response_format: Mapping[str, Any] | None = None
-    #: a divergence budget on the rule's parameter (:class:`verispec.core.rules.budget.Budget`, or its mapping
-    #: ``{"tv": 0.05, "tv_total": 1.0}`` or text ``"tv=0.05"``): per position, the parameter of the rule's family
-    #: that accepts most within that total-variation distance of the target (the rule's own parameter is replaced)
-    budget: Budget | Mapping[str, float] | str | None = None
-    #: report each generated token's verification (mark, p, q, the rule's induced law over this many most probable
-    #: tokens, acceptance, TV; :mod:`verispec.runtime.details`), 0-20; None: no (and no work in the round)
-    token_details: int | None = None
+
+#: one generation's settings; its fields are the request schema's (see :func:`_request_class`)
+Request = _request_class()
 
 
 class Row:

@@ -1,22 +1,20 @@
 """OpenAI request bodies -> validated verispec settings, with errors that name the offending field.
 
-Supported fields (both endpoints): ``model``, ``temperature`` (default
-:data:`verispec.defaults.DEFAULT_TEMPERATURE`, 0 = greedy), ``top_p``, ``max_tokens`` (chat also
-``max_completion_tokens``), ``stop`` (a string or a list), ``seed`` (default: a fresh random seed per request),
-``frequency_penalty``, ``presence_penalty``, ``logit_bias`` (token id -> bias in [-100, 100], applied to target and
-draft alike), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number of
-alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1-16 choices:
-rows of the batch, choice i sampled with seed + i), ``stream``, ``stream_options.include_usage``; the vLLM-style
-extensions ``top_k``, ``min_p``, ``repetition_penalty``; and verispec's own ``verification`` (``{"rule": NAME,
-"params": {...}, "verifier": "token" | "block", "logprobs_mode": "emitted" | "target", "budget": {"tv": eps,
-"tv_total": B}}``) and ``speculative`` (``{"gamma": N | "auto"}``), which the official client sends through
-``extra_body``. Chat: ``tools`` and ``tool_choice`` (function tools through the model's chat template, forced calls
-constrained to their schemas; :mod:`verispec.server.tools`) and the ``tool`` / assistant ``tool_calls`` messages of a
-tool conversation. ``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and
-ignored. Fields that would change what is generated or returned (``best_of`` > 1, chat ``echo``, legacy
-``functions``, ...) are refused with 400 naming the field, as is any field this server does not know.
-``response_format``: ``text``, ``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar`` (Lark),
-a constraint on target and draft alike (:mod:`verispec.runtime.grammar`).
+The sampling and verification fields of both endpoints are the request schema's (:data:`verispec.options.OPTIONS`,
+each option's ``field``: top level, or nested in verispec's own ``verification`` object ``{"rule", "params",
+"verifier", "logprobs_mode", "budget", ...}`` and ``speculative`` object ``{"gamma": N | "auto"}``, which the
+official client sends through ``extra_body``), checked by the schema with the words of every front door. The
+server's own fields: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``), ``seed`` (default: a fresh
+random seed per request), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number
+of alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1-16
+choices: rows of the batch, choice i sampled with seed + i), ``stream``, ``stream_options.include_usage``. Chat:
+``tools`` and ``tool_choice`` (function tools through the model's chat template, forced calls constrained to their
+schemas; :mod:`verispec.server.tools`) and the ``tool`` / assistant ``tool_calls`` messages of a tool conversation.
+``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and ignored. Fields
+that would change what is generated or returned (``best_of`` > 1, chat ``echo``, legacy ``functions``, ...) are
+refused with 400 naming the field, as is any field this server does not know. ``response_format``: ``text``,
+``json_object``, ``json_schema`` and the extensions ``regex`` and ``grammar`` (Lark), a constraint on target and
+draft alike (:mod:`verispec.runtime.grammar`).
 """
 
 from __future__ import annotations
@@ -25,15 +23,16 @@ import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, create_model
 
 from verispec.core import rules
 from verispec.core.rules.budget import Budget, family_of
 from verispec.core.sampling import SamplingConfig
 from verispec.core.verify.tree import check_tree_rule
-from verispec.defaults import DEFAULT_TEMPERATURE, DEFAULT_VERIFIER, MAX_TOP_LOGPROBS, SERVING_GAMMA, check_verifier
+from verispec.defaults import DEFAULT_CONTEXT, MAX_GAMMA, MAX_TOP_LOGPROBS, check_verifier
+from verispec.options import OPTIONS, OptionError, options
 from verispec.runtime.engine import Engine
 from verispec.runtime.grammar import check_response_format
 from verispec.runtime.types import Request
@@ -51,8 +50,6 @@ __all__ = [
     "prompt_builder",
 ]
 
-#: the largest draft length a request may ask for
-MAX_GAMMA = 32
 #: the most choices (``n``) one request may ask for; each is a row of the batch and takes a concurrency slot
 MAX_CHOICES = 16
 
@@ -95,29 +92,38 @@ IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "pr
            "prompt_cache_retention", "parallel_tool_calls")
 
 
-class Verification(BaseModel):
-    """``verification``: the rule that verifies this request's drafts and its parameters."""
+def _schema_fields(prefix: str) -> dict[str, Any]:
+    """The request schema's options whose body field lies at ``prefix`` ("" top level, "verification.",
+    "speculative."), as pydantic fields: any JSON value (the schema's own check refuses bad ones with the words of
+    every front door), documented in the OpenAPI schema with the option's type, range, default and help."""
+    out: dict[str, Any] = {}
+    for opt in OPTIONS.values():
+        path = opt.field
+        if path is None or not path.startswith(prefix) or "." in path[len(prefix):]:
+            continue
+        out[path[len(prefix):]] = (Any, Field(None, json_schema_extra=opt.json_schema()))  # type: ignore[arg-type]
+    return out
+
+
+class _VerificationBase(BaseModel):
+    """``verification``: the rule that verifies this request's drafts, its parameters and how it is verified and
+    reported (the request schema's ``verification.*`` options)."""
 
     model_config = ConfigDict(extra="forbid")
-    rule: StrictStr = "lossless"
+    #: the rule's parameters (:func:`verispec.core.rules.from_request` checks them against the rule)
     params: dict[str, Any] = Field(default_factory=dict)
-    #: "token" or "block" (:data:`verispec.defaults.VERIFIERS`)
-    verifier: StrictStr = DEFAULT_VERIFIER
-    #: the distribution logprobs are reported under: "emitted" or "target" (:data:`verispec.defaults.LOGPROBS_MODES`)
-    logprobs_mode: Literal["emitted", "target"] = "emitted"
-    #: a divergence budget on the rule's parameter: ``{"tv": eps}`` (per position) and / or ``{"tv_total": B}``
-    #: (per sequence); :mod:`verispec.core.rules.budget`
-    budget: dict[str, Any] | None = None
-    #: per emitted token: its mark, p, q and the rule's induced law over this many most probable tokens, acceptance
-    #: and TV (:mod:`verispec.runtime.details`); None: not computed
-    token_details: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
-class Speculative(BaseModel):
-    """``speculative``: draft length per round (``"auto"``: adaptive; default: the drafter's)."""
+Verification = create_model("Verification", __base__=_VerificationBase, **_schema_fields("verification."))
+
+
+class _SpeculativeBase(BaseModel):
+    """``speculative``: how drafts are proposed (the request schema's ``speculative.*`` options)."""
 
     model_config = ConfigDict(extra="forbid")
-    gamma: StrictInt | Literal["auto"] | None = None
+
+
+Speculative = create_model("Speculative", __base__=_SpeculativeBase, **_schema_fields("speculative."))
 
 
 class StreamOptions(BaseModel):
@@ -125,27 +131,19 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class _Common(BaseModel):
+class _ServerFields(BaseModel):
+    """The fields only the server has (the rest come from the request schema)."""
+
     model_config = ConfigDict(extra="forbid")
     model: StrictStr | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
-    max_tokens: StrictInt | None = Field(None, ge=1)
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = Field(None, ge=0, lt=2**63)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
-    #: structured output (:mod:`verispec.runtime.grammar`): json_object, json_schema, text; regex, grammar
-    response_format: dict[str, Any] | None = None
     n: StrictInt | None = Field(None, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    verification: Verification | None = None
-    speculative: Speculative | None = None
+    verification: Verification | None = None  # type: ignore[valid-type]
+    speculative: Speculative | None = None  # type: ignore[valid-type]
+
+
+_Common = create_model("_Common", __base__=_ServerFields, **_schema_fields(""))
 
 
 class CompletionRequest(_Common):
@@ -218,95 +216,118 @@ class Limits:
     #: longest prompt accepted (None: whatever leaves room in the model's context)
     max_prompt_tokens: int | None = None
     #: largest max_tokens a request may ask for
-    max_tokens_limit: int = 4096
+    max_tokens_limit: int = DEFAULT_CONTEXT
     #: max_tokens of a completion that gives none (the OpenAI API's default for /v1/completions)
     default_completion_tokens: int = 16
 
 
 @dataclass
 class Settings:
-    """A request's validated generation settings (everything but the prompt)."""
+    """A request's validated settings: the rule, the sampling config and the other request-schema options given
+    (``options``: name -> checked value; the rest take the schema's defaults), and the server's own fields."""
 
     rule: rules.Rule
     sampling: SamplingConfig
-    gamma: int | str | None
+    options: dict[str, Any]
     max_tokens: int | None
-    stop: list[str]
     seed: int
     stream: bool
     include_usage: bool
-    verifier: str = DEFAULT_VERIFIER
-    #: alternatives per token when logprobs were asked for, else None; and under which distribution
-    logprobs: int | None = None
-    logprobs_mode: str = "emitted"
     echo: bool = False
     #: choices; choice i is generated with ``seed + i``
     n: int = 1
-    response_format: dict[str, Any] | None = None
-    budget: Budget | None = None
     #: the tools a chat request may call (None: none)
     tools: ToolCalling | None = None
-    #: per-token verification details: most probable tokens per distribution (None: none)
-    token_details: int | None = None
+
+    def get(self, name: str) -> Any:
+        """A request option's value (the schema's default where the body gave none)."""
+        return self.options.get(name, OPTIONS[name].default)
+
+    @property
+    def gamma(self) -> int | str:
+        return self.get("gamma")
+
+    @property
+    def verifier(self) -> str:
+        return self.get("verifier")
+
+    @property
+    def stop(self) -> list[str]:
+        return self.get("stop") or []
+
+    @property
+    def logprobs(self) -> int | None:
+        return self.get("logprobs")
+
+    @property
+    def response_format(self) -> dict[str, Any] | None:
+        return self.get("response_format")
+
+    @property
+    def token_details(self) -> int | None:
+        """Most probable tokens per distribution in each token's verification details (None: not asked)."""
+        return self.get("token_details")
 
     @classmethod
-    def of(cls, req: _Common) -> Settings:
-        """Map the OpenAI fields onto verispec's rule, sampling and draft settings (APIError on bad values)."""
+    def of(cls, req: Any) -> Settings:
+        """Map the body's fields onto verispec's rule, sampling and request options (APIError on bad values,
+        naming the field; the words are the request schema's, as at every front door)."""
         v = req.verification or Verification()
+        spec = req.speculative or Speculative()
+        nested = {"verification": v, "speculative": spec}
+        values: dict[str, Any] = {}
+        for opt in OPTIONS.values():
+            if opt.field is None:
+                continue
+            top, _, sub = opt.field.partition(".")
+            raw = getattr(nested[top], sub) if sub else getattr(req, top)
+            if raw is None:
+                continue
+            try:
+                values[opt.name] = opt.check(raw, opt.field, json_body=True)
+            except OptionError as exc:
+                raise APIError(400, str(exc), param=exc.name, code="invalid_value") from None
         try:
-            rule = rules.from_request({"rule": v.rule, "params": v.params})
+            rule = rules.from_request({"rule": values.pop("rule", OPTIONS["rule"].default), "params": v.params})
         except rules.RequestError as exc:
             raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
         try:
-            check_verifier(v.verifier, rule.lossless, trees=False)
+            check_verifier(values.get("verifier", OPTIONS["verifier"].default), rule.lossless, trees=False)
         except ValueError as exc:
             raise APIError(400, str(exc), param="verification.verifier", code="invalid_value") from None
-        budget = None
-        if v.budget is not None:
+        if values.get("budget") is not None:
             try:
-                budget = Budget.parse(v.budget)
+                values["budget"] = Budget.parse(values["budget"])
                 family_of(rule)
             except ValueError as exc:
                 raise APIError(400, f"verification.budget: {exc}", param="verification.budget",
                                code="invalid_value") from None
-        gamma = (req.speculative or Speculative()).gamma
-        gamma = SERVING_GAMMA if gamma is None else gamma
-        if isinstance(gamma, int) and not 0 <= gamma <= MAX_GAMMA:
-            raise APIError(400, f"speculative.gamma must be in [0, {MAX_GAMMA}] or 'auto', got {gamma}",
-                           param="speculative.gamma", code="invalid_value")
         try:
-            sampling = SamplingConfig(
-                temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                presence_penalty=req.presence_penalty or 0.0,
-                logit_bias=_logit_bias(req.logit_bias),  # type: ignore[arg-type]
-            )
+            sampling = SamplingConfig.of({o.name: values.pop(o.name) for o in options("sampling") if o.name in values})
         except ValueError as exc:
             param = "logit_bias" if str(exc).startswith("logit_bias") else None
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
-        max_tokens = req.max_tokens
+        max_tokens = values.pop("max_new_tokens", None)
         if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
             max_tokens = req.max_completion_tokens
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        seed = values.pop("seed", None)
+        seed = seed if seed is not None else secrets.randbits(63)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        fmt = _response_format(req.response_format)
+        values["response_format"] = _response_format(values.get("response_format"))
+        logprobs = _logprobs(req)
+        if logprobs is not None:
+            values["logprobs"] = logprobs
         tools = None
         if isinstance(req, ChatCompletionRequest):
             try:
                 tools = parse_tool_calling(req.tools, req.tool_choice)
             except ToolError as exc:
                 raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
-            if tools is not None and tools.forced and fmt is not None:
+            if tools is not None and tools.forced and values["response_format"] is not None:
                 raise APIError(400, "response_format cannot constrain an answer that tool_choice forces to be a "
                                "tool call", param="response_format", code="invalid_value")
-        return cls(rule, sampling, gamma, max_tokens, stop, seed, req.stream, include_usage, v.verifier,
-                   _logprobs(req), v.logprobs_mode, bool(getattr(req, "echo", False)), req.n or 1, fmt, budget,
-                   tools, v.token_details)
+        echo = bool(getattr(req, "echo", False))
+        return cls(rule, sampling, values, max_tokens, seed, req.stream, include_usage, echo, req.n or 1, tools)
 
 
 def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -325,19 +346,6 @@ def _logprobs(req: _Common) -> int | None:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs  # type: ignore[attr-defined]
-
-
-def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
-    """The OpenAI ``logit_bias`` map (token ids as JSON object keys) -> {id: bias}; 400 naming a bad key."""
-    if not raw:
-        return None
-    out = {}
-    for key, bias in raw.items():
-        if not key.strip().lstrip("-").isdigit():
-            raise APIError(400, f"logit_bias: keys must be token ids (integers), got {key!r}", param="logit_bias",
-                           code="invalid_value")
-        out[int(key)] = bias
-    return out
 
 
 def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -463,11 +471,11 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
         if max_tokens is None:
             default = limits.max_tokens_limit if chat else limits.default_completion_tokens
             max_tokens = min(default, room)
-        return Request(ids, rule=settings.rule, sampling=settings.sampling, gamma=settings.gamma,
-                       max_new_tokens=max_tokens, stop=settings.stop, seed=settings.seed, verifier=settings.verifier,
-                       logprobs=settings.logprobs, logprobs_mode=settings.logprobs_mode,
-                       prompt_logprobs=settings.logprobs if settings.echo else None,
-                       response_format=fmt, budget=settings.budget, token_details=settings.token_details)
+        request_options = {**settings.options, "response_format": fmt}
+        if settings.echo:
+            request_options["prompt_logprobs"] = settings.logprobs
+        return Request(ids, rule=settings.rule, sampling=settings.sampling, max_new_tokens=max_tokens,
+                       seed=settings.seed, **request_options)
 
     return build
 

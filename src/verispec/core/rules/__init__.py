@@ -28,6 +28,7 @@ from verispec.core.rules.collaborative import (
 from verispec.core.rules.lossless import EtaSampling, Lossless, MinPSampling, NaiveResample
 from verispec.core.rules.truncation import SpecCascade, TruncationRule, Typical
 from verispec.core.rules.validate import RANGES
+from verispec.registry import Registry, UnknownName
 
 __all__ = [
     "REGISTRY",
@@ -45,8 +46,8 @@ __all__ = [
     "table",
 ]
 
-REGISTRY: dict[str, type[Rule]] = {
-    cls.name: cls
+REGISTRY: Registry[type[Rule]] = Registry("rule", [
+    (cls.name, cls)
     for cls in (
         Lossless,
         NaiveResample,
@@ -62,7 +63,7 @@ REGISTRY: dict[str, type[Rule]] = {
         SpecCascade,
         Typical,
     )
-}
+])
 
 _ALIASES = {"lambda": "lam", "correction": "correction_source", "eps": "epsilon", "acceptance": "acceptance_form"}
 
@@ -75,10 +76,7 @@ def get(name: str, **params: object) -> Rule:
     """Build the rule registered as ``name`` with ``params`` (validated; unknown names raise ValueError)."""
     if isinstance(name, Rule):
         return name
-    try:
-        cls = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown rule {name!r}; known rules: {', '.join(REGISTRY)}") from None
+    cls = REGISTRY[name]
     kwargs = {_ALIASES.get(k, k): v for k, v in params.items()}
     unknown = set(kwargs) - set(cls.param_names)
     if unknown:
@@ -112,7 +110,7 @@ def from_request(obj: object, where: str = "verification") -> Rule:
                            where)
     name = obj.get("rule", "lossless")
     if not isinstance(name, str) or name not in REGISTRY:
-        raise RequestError(f"unknown rule {name!r}; known rules: {', '.join(REGISTRY)}", f"{where}.rule")
+        raise RequestError(str(UnknownName("rule", name, REGISTRY)), f"{where}.rule")
     params = obj.get("params") or {}
     if not isinstance(params, dict):
         raise RequestError(f"{where}.params must be an object, got {type(params).__name__}", f"{where}.params")

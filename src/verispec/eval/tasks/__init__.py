@@ -23,26 +23,24 @@ from verispec.eval.tasks.gsm import GSMTask
 from verispec.eval.tasks.humaneval import HumanEvalTask
 from verispec.eval.tasks.mgsm import MGSMTask
 from verispec.eval.tasks.toy import ToyTask
+from verispec.registry import Registry
 
-TASKS: dict[str, Callable[[], Task]] = {
-    "humaneval": HumanEvalTask,
-    "gsm": GSMTask,
-    "mgsm": MGSMTask,
-    "champ": ChampTask,
-    "bfcl": BFCLTask,
+TASKS: Registry[Callable[..., Task]] = Registry("task", [
+    ("humaneval", HumanEvalTask),
+    ("gsm", GSMTask),
+    ("mgsm", MGSMTask),
+    ("champ", ChampTask),
+    ("bfcl", BFCLTask),
     # fake tasks for tiny random models (tests, dry runs)
-    "toy": ToyTask,
-    "toy2": lambda: ToyTask("toy2", 12),
-}
+    ("toy", ToyTask),
+    ("toy2", lambda: ToyTask("toy2", 12)),
+])
 
 
 def get_task(name: str, **options: object) -> Task:
     """A fresh instance of the task registered as ``name``, built with ``options`` (e.g. ``lenient=True`` for
     ``bfcl``); ValueError naming the option when the task does not take it."""
-    try:
-        factory = TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
+    factory = TASKS[name]
     try:
         return factory(**options)
     except TypeError as e:

@@ -25,7 +25,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from verispec.defaults import AUTO, DEFAULT_CONTEXT
+from verispec.options import options
 from verispec.runtime.types import GenerationResult, Metrics, Request
+
+#: the request schema's sampling options that vLLM's SamplingParams run as verispec defines them
+_VLLM_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
 
 __all__ = ["VLLMEngine", "check_sweep", "from_sweep_config"]
 
@@ -50,7 +55,7 @@ class VLLMEngine:
     engine_name = "vllm"
 
     def __init__(self, target_dir: str, draft_dir: str | None, gamma: int, dtype: str = "bfloat16",
-                 max_model_len: int = 4096, **llm_kwargs: Any) -> None:
+                 max_model_len: int = DEFAULT_CONTEXT, **llm_kwargs: Any) -> None:
         from vllm import LLM
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -73,12 +78,13 @@ class VLLMEngine:
         from verispec.core.sampling import SamplingConfig
 
         s = req.sampling or SamplingConfig()
-        if req.gamma not in (None, self.gamma):
+        # vLLM drafts a fixed gamma, set when the engine starts: "auto" leaves the choice to it
+        if req.gamma not in (AUTO, self.gamma):
             raise ValueError(f"this vLLM engine drafts gamma = {self.gamma}; the request asks {req.gamma}")
-        for name, unset in (("eta", None), ("logit_bias", None), ("repetition_penalty", 1.0),
-                            ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
-            if getattr(s, name) != unset:  # vLLM has no eta sampling; the others are refused with a rule
-                raise ValueError(f"--engine vllm does not run sampling setting {name} = {getattr(s, name)!r}")
+        for opt in options("sampling"):
+            # vLLM has no eta sampling; penalties and biases are refused with a rule (the plug-in's patches)
+            if opt.name not in _VLLM_SAMPLING and getattr(s, opt.name) != opt.default:
+                raise ValueError(f"--engine vllm does not run sampling setting {opt.name} = {getattr(s, opt.name)!r}")
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p if s.top_p is not None else 1.0,
             top_k=s.top_k if s.top_k is not None else 0, min_p=s.min_p or 0.0, seed=req.seed,
