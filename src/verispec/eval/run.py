@@ -50,7 +50,7 @@ from verispec.eval.tasks import get_task
 from verispec.eval.tasks.base import Grade, Problem
 from verispec.runtime.scheduler import Scheduler
 from verispec.runtime.types import GenerationResult, Request
-from verispec.testing import toy_engine as make
+from verispec.toy import toy_engine as make
 
 __all__ = [
     "RunPlan",
@@ -70,7 +70,7 @@ EngineFactory = Callable[[SweepConfig], Any]
 
 
 def toy_engine(cfg: SweepConfig | None = None, vocab_size: int = 64) -> Any:
-    """The tiny random pair of :func:`verispec.testing.toy_engine` with the config's drafter: a sweep in seconds."""
+    """The tiny random pair of :func:`verispec.toy.toy_engine` with the config's drafter: a sweep in seconds."""
 
     if cfg is None:
         return make("model", vocab_size)

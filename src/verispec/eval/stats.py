@@ -9,13 +9,16 @@ as multinomial cluster weights (:func:`cluster_weights`) so that one draw serves
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["N_BOOT", "BOOT_SEED", "cluster_weights", "format_ci", "percentile_interval", "resample_indices"]
+from verispec.defaults import N_BOOT
+
+__all__ = ["N_BOOT", "BOOT_SEED", "chi_square_bins", "chi_square_power", "chi_square_pvalue", "cluster_weights",
+           "format_ci", "percentile_interval", "resample_indices"]
 
 #: resamples and seed of every reported interval
-N_BOOT = 2000
 BOOT_SEED = 0
 
 
@@ -52,3 +55,49 @@ def format_ci(point: float | None, lo: float, hi: float, fmt: str = "{:+.4f}", m
     if math.isnan(lo) or math.isnan(hi):
         return fmt.format(point)
     return f"{fmt.format(point)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def chi_square_bins(exact: Mapping[tuple, float], n: int) -> tuple[list[tuple], list[tuple]]:
+    """The bins of :func:`chi_square_pvalue` for ``n`` samples: (kept outcomes, pooled outcomes). Outcomes with
+    expected count < 5 are pooled into one bin, and while that bin's expected count is still below 5 the smallest
+    kept outcomes join it (a pool of expected 0.02 would turn a single chance hit into a rejection)."""
+    keys = sorted(exact, key=lambda k: -exact[k])
+    kept = [k for k in keys if exact[k] * n >= 5]
+    pooled = [k for k in keys if exact[k] * n < 5]
+    while pooled and sum(exact[k] for k in pooled) * n < 5 and len(kept) > 1:
+        pooled.insert(0, kept.pop())
+    return kept, pooled
+
+
+def chi_square_pvalue(counts: Mapping[tuple, int], exact: Mapping[tuple, float]) -> float:
+    """Chi-square goodness-of-fit p-value of observed ``counts`` against the exact law ``exact`` (outcomes with
+    expected count < 5 pooled into one bin of at least 5: :func:`chi_square_bins`). Raises AssertionError at once
+    if a bin of exact probability zero was observed: a sampler that emits an impossible outcome fails regardless of
+    the statistic."""
+    from scipy.stats import chisquare
+
+    impossible = [k for k, c in counts.items() if c and exact.get(k, 0.0) <= 0]
+    if impossible:
+        raise AssertionError(f"sampled zero-probability outcome(s) {impossible[:3]}")
+    n = sum(counts.values())
+    kept, pooled = chi_square_bins(exact, n)
+    expected = np.array([exact[k] * n for k in kept])
+    observed = np.array([counts.get(k, 0) for k in kept], dtype=float)
+    if pooled:
+        expected = np.append(expected, sum(exact[k] for k in pooled) * n)
+        observed = np.append(observed, sum(counts.get(k, 0) for k in pooled))
+    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+def chi_square_power(exact: Mapping[tuple, float], wrong: Mapping[tuple, float], n: int, alpha: float) -> float:
+    """Power of :func:`chi_square_pvalue` (level ``alpha``, the same bins) to reject ``exact`` with ``n`` samples
+    that follow ``wrong``: the noncentral chi-square's tail at the central one's critical value."""
+    from scipy.stats import chi2, ncx2
+
+    kept, _ = chi_square_bins(exact, n)
+    e_b = np.array([exact[k] for k in kept] + [1 - sum(exact[k] for k in kept)])
+    w_b = np.array([wrong.get(k, 0.0) for k in kept] + [1 - sum(wrong.get(k, 0.0) for k in kept)])
+    if e_b[-1] <= 1e-12:
+        e_b, w_b = e_b[:-1], w_b[:-1]
+    df = len(e_b) - 1
+    return float(ncx2.sf(chi2.isf(alpha, df), df, n * float(((w_b - e_b) ** 2 / e_b).sum())))

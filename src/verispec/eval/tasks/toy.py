@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from verispec.defaults import TOY_ALPHABET
 from verispec.eval.tasks.base import Grade, Problem
 
 __all__ = ["ALPHABET", "ToyTask"]
 
-#: the toy tokenizer's symbols (:class:`verispec.testing.ToyTokenizer` reads them from here)
-ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
+#: the toy tokenizer's symbols (:class:`verispec.toy.ToyTokenizer` reads them from the same place)
+ALPHABET = TOY_ALPHABET
 
 
 class ToyTask:

