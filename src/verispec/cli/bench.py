@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import click
 
+from verispec.defaults import N_BOOT
+
 __all__ = ["bench"]
 
 
@@ -223,7 +225,7 @@ def _problem_range(text: str) -> tuple[int | None, int | None]:
               help="Setting labels to compare (repeatable); default every matched pair of RUN_A that RUN_B has.")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the Markdown table here and the numbers next to it (.csv).")
-@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
+@click.option("--n-boot", default=N_BOOT, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
 @click.option("--problems", "problems_text", default=None, metavar="A:B",
               help="Only the problems numbered A to B-1 (the number ending the id: HumanEval/64 is 64; either end "
                    "may be left out), e.g. those a run was extended to, as a held-out replication.")
@@ -297,7 +299,7 @@ def regrade_cmd(run_dir: str, write: bool, workers: int | None, no_progress: boo
 @click.option("--baseline", default="lossless", show_default=True, help="The baseline's label in --fixed-run.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where frontier.md / .csv / .png go [default: RUN_DIR/frontier].")
-@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@click.option("--n-boot", default=N_BOOT, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
 def budget_cmd(run_dir: str, fixed_run: str, fixed: tuple[str, ...], baseline: str, out_dir: str | None,
                n_boot: int) -> None:
     """Budgeted settings against fixed parameters at matched block efficiency (verispec.studies.budget): BE and
@@ -320,7 +322,7 @@ def budget_cmd(run_dir: str, fixed_run: str, fixed: tuple[str, ...], baseline: s
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where forest.png / .md / .csv go [default: RUN_DIR/forest; not report/, which `bench report` "
                    "regenerates].")
-@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@click.option("--n-boot", default=N_BOOT, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
 @click.option("--problems", "problems_text", default=None, metavar="A:B",
               help="Only the problems numbered A to B-1 (as in `bench compare`).")
 def forest_cmd(run_dir: str, out_dir: str | None, n_boot: int, problems_text: str | None) -> None:
@@ -347,7 +349,7 @@ def forest_cmd(run_dir: str, out_dir: str | None, n_boot: int, problems_text: st
 @click.option("--findings-md", "findings_md", default=None, type=click.Path(dir_okay=False),
               help="FINDINGS.md whose verdict cells and table of comparisons are regenerated "
                    "[default: RESULTS_DIR/FINDINGS.md, when it exists].")
-@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@click.option("--n-boot", default=N_BOOT, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a file would change.")
 def findings_cmd(results_dir: str, out_path: str | None, findings_md: str | None, n_boot: int, check: bool) -> None:
     """Every comparison FINDINGS.md rests on, from the committed runs under RESULTS_DIR (verispec.studies.findings):
@@ -399,7 +401,7 @@ def estimate_cmd(run_dir: str, top_k: int, full: bool, max_per_setting: int | No
 @click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=1), help="Drafts per round.")
 @click.option("--fine", is_flag=True,
               help="Finer parameter axes (p_base step 0.05, epsilon 0.025, lam / l 0.1), paper values included.")
-@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1),
+@click.option("--n-boot", default=N_BOOT, show_default=True, type=click.IntRange(min=1),
               help="Bootstrap resamples (trajectories resampled with replacement).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed.")
 def be_curves_cmd(log_path: str, out_dir: str, gamma: int, fine: bool, n_boot: int, seed: int) -> None:

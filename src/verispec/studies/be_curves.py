@@ -44,6 +44,7 @@ import torch
 
 from verispec.core import rules as _rules
 from verispec.core.rules import Rule, matched_baseline
+from verispec.defaults import N_BOOT
 from verispec.eval.estimator import DistLog, be_iid, be_trajectory, position_stats
 from verispec.eval.grid import PAPER_PARAM_MAPS, PRESETS, setting
 from verispec.eval.report import md_table
@@ -62,7 +63,6 @@ __all__ = [
     "write_be_curves",
 ]
 
-N_BOOT = 2000
 BOOT_SEED = 0
 
 #: panels of the figure, in order: family -> rules (truncation baselines next to their lossy rule)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from verispec.defaults import N_BOOT
 from verispec.eval.report import compare_runs, load_frame, md_table
 
 __all__ = ["PAPER_GAPS", "PaperGap", "forest_table", "write_forest"]
@@ -78,7 +79,7 @@ PAPER_GAPS: tuple[PaperGap, ...] = (
 )
 
 
-def forest_table(run_dir: str | Path, gaps: Sequence[PaperGap] = PAPER_GAPS, n_boot: int = 2000,
+def forest_table(run_dir: str | Path, gaps: Sequence[PaperGap] = PAPER_GAPS, n_boot: int = N_BOOT,
                  problems: tuple[int | None, int | None] | None = None) -> pd.DataFrame:
     """One row per gap of ``gaps`` whose two settings the run holds: the measured gap (point, 95% interval,
     pairs) beside the paper's. ValueError when the run holds none of them."""

@@ -31,6 +31,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from verispec.defaults import N_BOOT
 from verispec.eval.report import load_frame, md_table
 from verispec.eval.stats import percentile_interval, resample_indices
 from verispec.eval.store import read_results
@@ -234,7 +235,7 @@ def throughput(run_dir: str | Path) -> dict:
             "unit_s_mean": float(np.mean([r["timings"]["total_s"] for r in recs]))}
 
 
-def ratio_ci(common: pd.DataFrame, independent: pd.DataFrame, col: str, n_boot: int = 2000, seed: int = 0
+def ratio_ci(common: pd.DataFrame, independent: pd.DataFrame, col: str, n_boot: int = N_BOOT, seed: int = 0
              ) -> tuple[float, float]:
     """95% percentile interval of var(independent) / var(common) of ``col``: problems resampled with
     replacement in each run on its own (the two runs are independent; seeds of a problem move together)."""
