@@ -263,3 +263,36 @@ def test_real_pair_loads_and_completes_paris(real_cache: None) -> None:
     with torch.no_grad():
         out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False)
     assert ttok.decode(out[0, ids.shape[1] :]).startswith(" Paris")
+
+
+def test_saved_config_keeps_rope_theta_for_transformers_4(tmp_path: Path) -> None:
+    """transformers 5 saves RoPE as ``rope_parameters`` only; 4.x would read its default theta (10000, not Qwen2.5's
+    1e6) from such a config, so a conversion also writes the 4.x keys. A 4.x config is left as it is."""
+    five = {"model_type": "qwen2", "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}
+    (tmp_path / "config.json").write_text(json.dumps(five))
+    models._keep_rope_theta(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["rope_theta"] == 1000000.0 and cfg["rope_scaling"] is None
+    assert cfg["rope_parameters"] == five["rope_parameters"]
+
+    yarn = {"rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps(yarn))
+    models._keep_rope_theta(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+
+    four = json.dumps({"model_type": "qwen2", "rope_theta": 1000000.0, "rope_scaling": None})
+    (tmp_path / "config.json").write_text(four)
+    models._keep_rope_theta(tmp_path)
+    assert (tmp_path / "config.json").read_text() == four
+
+
+def test_gguf_loads_dense_on_either_transformers() -> None:
+    """transformers 5 keeps a GGUF's quantizer on the model (and save_pretrained refuses it) unless asked to
+    dequantize; 4.x always dequantizes and has no GgufConfig."""
+    import transformers
+
+    kwargs = models._gguf_dense_kwargs()
+    if hasattr(transformers, "GgufConfig"):
+        assert kwargs["quantization_config"].dequantize is True
+    else:
+        assert kwargs == {}

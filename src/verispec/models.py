@@ -311,6 +311,39 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return value
 
 
+def _gguf_dense_kwargs() -> dict[str, Any]:
+    """``from_pretrained`` arguments that load a GGUF as a plain dense model, on transformers 4.x and 5.x alike.
+
+    4.x always unpacks a GGUF's weights and has no ``GgufConfig``. 5.x loads a GGUF through a quantizer that stays
+    on the model unless asked to unpack (the weights kept in GGUF blocks where a kernel exists; for an architecture
+    its new loader lacks, Qwen2 among them, unpacked by the old loader yet still marked quantized), and
+    ``save_pretrained`` refuses such a model. ``dequantize=True`` unpacks every weight and drops the quantizer.
+    """
+    import transformers
+
+    gguf_config = getattr(transformers, "GgufConfig", None)
+    return {} if gguf_config is None else {"quantization_config": gguf_config(dequantize=True)}
+
+
+def _keep_rope_theta(out: Path) -> None:
+    """Make a saved ``config.json`` read the same on transformers 4.x and 5.x.
+
+    5.x writes RoPE as ``rope_parameters`` (``rope_theta`` inside it); 4.x reads only the top-level ``rope_theta``
+    and ``rope_scaling``, and without them silently takes its default theta (10000 where Qwen2.5 needs 1e6),
+    which changes every logit. The converted directories live in one cache that environments on either version
+    share, so a 5.x conversion also writes the 4.x keys (5.x reads a config holding both as it reads its own).
+    """
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    rope = cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope or "rope_theta" in cfg:
+        return
+    cfg["rope_theta"] = rope["rope_theta"]
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def _shared_chat_template(progress: Progress = None) -> str:
     """The target's (1.5B) chat template, used for every registered model (the GGUFs differ)."""
     from transformers import AutoTokenizer
@@ -338,6 +371,7 @@ def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force
     ``weights=False`` saves the tokenizer, config and generation config only (seconds instead of minutes: what the
     llama.cpp backends need, which read the GGUF); :func:`load_model` converts the weights on first use.
     """
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     spec = _spec(name)
@@ -366,7 +400,8 @@ def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force
     out.mkdir(parents=True, exist_ok=True)
     if weights:
         _say(progress, f"[{name}] dequantizing {path.name} to {torch_dtype} (takes ~30-75 s, 2-3 min on AVX2) ...")
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype,
+                                                     **_gguf_dense_kwargs())
         model.generation_config.eos_token_id = list(EOS_TOKEN_IDS)
         model.save_pretrained(out, safe_serialization=True)
         del model
@@ -378,6 +413,7 @@ def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force
         gen.eos_token_id = list(EOS_TOKEN_IDS)
         gen.save_pretrained(out)
     tok.save_pretrained(out)
+    _keep_rope_theta(out)
     info = {
         "name": spec.name,
         "gguf_file": spec.gguf_file,
@@ -386,6 +422,7 @@ def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force
         "weights": bool(weights),
         "eos_token_id": list(EOS_TOKEN_IDS),
         "chat_template_from": DEFAULT_TARGET,
+        "transformers": transformers.__version__,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     (out / MARKER_NAME).write_text(json.dumps(info, indent=2) + "\n")

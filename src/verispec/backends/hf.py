@@ -143,8 +143,7 @@ class HFBackend:
         if new_len == self._len:
             return
         if all(u == list(range(len(u))) for u in used):
-            self.cache.crop(new_len)
-            self._len = new_len
+            self._crop(new_len)
             return
         idx = torch.tensor([u + [0] * (new_len - len(u)) for u in used], dtype=torch.long, device=self.device)
         for layer in self._layers():
@@ -156,6 +155,15 @@ class HFBackend:
             r.slots = list(range(n))
             r.p_slots = list(range(n, n + len(r.p_slots)))
         self._len = new_len
+
+    def _crop(self, n: int) -> None:
+        """Keep the first ``n`` slots of every row. Slices each layer itself rather than calling ``Cache.crop``,
+        whose meaning differs across transformers versions: 4.x reads ``crop(0)`` as "keep no slot", 5.x as
+        "remove none" and deprecates a positive argument ("keep that many")."""
+        for layer in self._layers():
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
+        self._len = n
 
     def _maybe_compact(self, extra: int) -> None:
         if self.cache is None:
@@ -255,8 +263,7 @@ class HFBackend:
         r = self._rows[req.row]
         n = len(r.slots)
         if self.cache is not None and self._len > n:
-            self.cache.crop(n)
-            self._len = n
+            self._crop(n)
         if self.cache is None:
             self.cache = DynamicCache()
         feed, tokens = plan["feed"], list(req.tokens)
