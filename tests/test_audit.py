@@ -72,16 +72,16 @@ def rewrite(changes: dict, scale_temperature: float | None = None):
 # -- correct engines pass ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields", [
-    {"speculative": {"gamma": 4}},                                                   # lossless, forced speculation
-    {"speculative": {"gamma": 0}},                                                   # no speculation
-    {"speculative": {"gamma": 4}, "verification": {"rule": "lossless", "verifier": "block"}},
+@pytest.mark.parametrize(("fields", "declared"), [
+    ({"speculative": {"gamma": 4}}, {}),                                             # lossless, forced speculation
+    ({"speculative": {"gamma": 0}}, {}),                                             # no speculation
+    ({}, {"verification": {"rule": "lossless", "verifier": "block"}, "gamma": 4}),  # block verifier, declared
 ])
-def test_correct_engines_pass(server, reference, fields):
+def test_correct_engines_pass(server, reference, fields, declared):
     """N = 1000 samples, chi-square under TV <= tau at alpha 1e-4: a lossless engine is not rejected (a false fail
     has probability <= 1e-4; the seed is fixed), and the run has the power to call it a pass at TV 0.15."""
     with RewritingProxy(server.url, rewrite(fields)) as proxy:
-        rep = run(proxy.url, reference, 1000, target_tv=0.15)
+        rep = run(proxy.url, reference, 1000, target_tv=0.15, **declared)
     assert rep.verdict == "pass", rep.test
     assert rep.test["pvalue"] > ALPHA and rep.test["impossible_samples"] == 0
     assert rep.power["min_detectable_tv"] <= 0.15 and rep.n["total"] == 1000

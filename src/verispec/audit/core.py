@@ -289,7 +289,9 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
                               "weights) or --reference-url (an endpoint of the same model without speculation)")
     if not 0 < alpha < 1 or not 0 < target_tv < 1 or not 0 < power < 1:
         raise AuditInputError("alpha, the target TV and the power must lie in (0, 1)")
-    rule = _rules.from_request(verification) if verification is not None else None
+    # the rule and its parameters; the rest of the object (verifier, logprobs mode) is the engine's business
+    rule = (_rules.from_request({k: v for k, v in verification.items() if k in ("rule", "params")})
+            if verification is not None else None)
     verifier = (verification or {}).get("verifier", "token")
     if rule is not None and not rule.lossless and gamma is None:
         raise AuditInputError("a declared lossy rule's law depends on the draft length: give --gamma")
@@ -298,7 +300,8 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
         body_extra["verification"] = verification
     if gamma is not None:
         body_extra["speculative"] = {"gamma": gamma}
-    engine = EngineClient(base_url, model, api_key, extra_body=body_extra)
+    # a request that takes longer than the whole audit may is a hang, not a slow answer
+    engine = EngineClient(base_url, model, api_key, timeout=max(60.0, min(600.0, time_limit)), extra_body=body_extra)
 
     t_ref = time.monotonic()
     if reference is not None:

@@ -99,6 +99,9 @@ def figure(rep: Any, path: Path) -> None:
         o = [r["observed"] for r in rows]
         err = [1.96 * math.sqrt(max(x * (1 - x), 1e-12) / max(n, 1)) for x in e]
         ax.errorbar(e, o, yerr=err, fmt="o", ms=4, alpha=0.8, label=f"prompt {j + 1}")
+        zero = [r["observed"] for r in rows if r["expected"] <= 0 and r["count"]]
+        if zero:
+            ax.plot([0.0] * len(zero), zero, "rx", ms=8, label="reference probability 0" if j == 0 else None)
     top = max([r["expected"] for rows in d["outcomes"] for r in rows] +
               [r["observed"] for rows in d["outcomes"] for r in rows] + [0.01]) * 1.05
     ax.plot([0, top], [0, top], "k--", lw=1)
@@ -113,6 +116,7 @@ def figure(rep: Any, path: Path) -> None:
         axes[0, 1].set_xlabel("draft position")
         axes[0, 1].set_ylabel("acceptance (engine-reported)")
         axes[0, 1].set_ylim(0, 1)
+        axes[0, 1].set_xticks(range(1, len(prof) + 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
