@@ -227,3 +227,23 @@ def test_several_clients_at_once_each_get_their_own_details(server, engine):
         ref = generate(engine, "hello world", rule=rules.get("lenience", l=0.5), sampling=SAMPLED, gamma=3,
                        max_new_tokens=24, seed=seed, token_details=3)
         assert text == ref.text and [d["mark"] for d in details] == [d.mark for d in ref.token_details]
+
+
+def test_a_deterministic_server_gives_every_page_the_same_details():
+    """``verispec serve --deterministic`` (every row on backends of its own) with 4 seeded identical requests at once:
+    the same text and the same per-token details for each, whatever else shares their rounds."""
+    pytest.importorskip("uvicorn")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from verispec.server import create_app
+    from verispec.server.background import BackgroundServer
+
+    with BackgroundServer(create_app(toy_engine("model", cache=False, deterministic=True), model_name="toy",
+                                     max_batch=4)) as srv:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda _: _post(srv, BODY), range(4)))
+    assert all(status == 200 for status, _ in got)
+    choices = [json.loads(raw)["choices"][0] for _, raw in got]
+    assert len({c["text"] for c in choices}) == 1 and choices[0]["text"]
+    assert all(c["token_details"] == choices[0]["token_details"] for c in choices)
+    assert {d["mark"] for d in choices[0]["token_details"]} <= set(MARKS)
