@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from verispec.options import OPTIONS
+
 __all__ = ["AuditInputError", "EngineClient"]
 
 #: retries of a request answered 429 / 503 (the engine busy), with waits doubling from 0.25 s up to 5 s
@@ -27,6 +29,12 @@ FIELD_ADVICE = {
                 "--reference-model (the same weights as a GGUF or HF directory) instead",
     "n": "several choices per request only save requests; the audit falls back to one choice per request",
 }
+
+
+#: the request fields the audit may send, in the order a refusal's message is searched for them: the server's own,
+#: then the request schema's top-level ones
+_FIELDS = ("seed", "logprobs", "n", *(o.field for o in OPTIONS.values() if o.field and "." not in o.field),
+           "verification", "speculative")
 
 
 class AuditInputError(RuntimeError):
@@ -101,9 +109,6 @@ class EngineClient:
         if err.code == 404:
             return AuditInputError(f"the {self.role} endpoint answered 404 ({message}): check --model "
                                    f"{self.model!r} and the URL {self.base}")
-        field = param if param in body else next((f for f in ("seed", "top_k", "logprobs", "n", "top_p", "min_p",
-                                                              "logit_bias", "frequency_penalty", "presence_penalty",
-                                                              "repetition_penalty", "verification", "speculative")
-                                                 if f in body and f in str(message)), param)
+        field = param if param in body else next((f for f in _FIELDS if f in body and f in str(message)), param)
         named = f"field `{field}`" if field else "the request"
         return AuditInputError(f"the {self.role} endpoint refused {named} ({err.code}: {message}){_advice(field)}")

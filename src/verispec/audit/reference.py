@@ -39,6 +39,7 @@ from verispec.backends.base import ScoreRequest
 from verispec.backends.hf import HFBackend
 from verispec.core import rules as _rules
 from verispec.core.sampling import History, SamplingConfig, process
+from verispec.options import options
 
 __all__ = ["EOS_PIECES", "ModelReference", "Outcome", "UrlReference", "fold"]
 
@@ -221,16 +222,11 @@ class UrlReference:
         if key in self.cache:
             return self.cache[key]
         fields: dict[str, Any] = {"max_tokens": 1, "temperature": cfg.temperature, "logprobs": self.TOP, "seed": 0}
-        for name in ("top_k", "top_p", "min_p"):
-            if getattr(cfg, name) is not None:
-                fields[name] = getattr(cfg, name)
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(cfg, name):
-                fields[name] = getattr(cfg, name)
-        if cfg.repetition_penalty != 1.0:
-            fields["repetition_penalty"] = cfg.repetition_penalty
-        if cfg.logit_bias:
-            fields["logit_bias"] = {str(t): b for t, b in cfg.logit_bias}
+        for opt in options("sampling"):  # every sampling option of the request schema that is set, by its field
+            value = getattr(cfg, opt.name)
+            if opt.name == "temperature" or value == opt.default or opt.field is None:
+                continue
+            fields[opt.field] = {str(t): b for t, b in value} if opt.name == "logit_bias" else value
         out = self.client.complete(prompt + "".join(pieces), **fields)
         lp = out["choices"][0].get("logprobs")
         top = (lp or {}).get("top_logprobs") if isinstance(lp, dict) else None

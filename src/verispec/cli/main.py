@@ -605,6 +605,26 @@ def _json_option(text: str | None, name: str) -> dict | None:
     return value
 
 
+#: sampling options the audit has flags of its own for (it chooses them when none is given)
+_AUDIT_OWN = ("temperature", "top_k", "top_p", "min_p", "logit_bias")
+
+
+def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
+    """``--sampling NAME=VALUE`` -> {name: value}, each read and checked by the request schema."""
+    out: dict[str, object] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        opt = OPTIONS.get(name.strip().replace("-", "_"))
+        if not sep or opt is None or opt.group != "sampling" or opt.name in _AUDIT_OWN:
+            names = ", ".join(o.name for o in schema_group("sampling") if o.name not in _AUDIT_OWN)
+            raise _fail(f"--sampling expects NAME=VALUE with NAME one of {names}, got {item!r}")
+        try:
+            out[opt.name] = opt.parse_text(text.strip())
+        except ValueError as exc:
+            raise _fail(exc) from None
+    return out
+
+
 @main.command()
 @click.option("--base-url", required=True, help="The engine under test (OpenAI-compatible, e.g. http://HOST:8000).")
 @click.option("--model", required=True, help="The model name the engine serves.")
@@ -631,9 +651,9 @@ def _json_option(text: str | None, name: str) -> dict | None:
 @click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--min-p", default=None, type=click.FloatRange(0, 1))
 @click.option("--length", default=None, type=click.IntRange(1, 6), help="Tokens per continuation.")
-@click.option("--frequency-penalty", default=None, type=float)
-@click.option("--presence-penalty", default=None, type=float)
-@click.option("--repetition-penalty", default=None, type=float)
+@click.option("--sampling", "sampling", multiple=True, metavar="NAME=VALUE",
+              help="Another sampling option of the request schema, sent in every request and applied to the "
+                   "reference (e.g. repetition_penalty=1.1); repeatable.")
 @click.option("--logit-bias", default=None, metavar="JSON", help='Token id -> bias, e.g. \'{"13": 5}\'.')
 @click.option("--verification", default=None, metavar="JSON",
               help="Sent in every request; declares the rule whose law is audited (a lossy rule: its induced law).")
@@ -654,10 +674,9 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
           reference_logprobs: str, reference_draft: str | None, api_key: str | None, prompts_file: str | None,
           alpha: float, target_tv: float, power: float, time_limit: float, n: int | None,
           temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
-          length: int | None, frequency_penalty: float | None, presence_penalty: float | None,
-          repetition_penalty: float | None, logit_bias: str | None, verification: str | None, gamma: int | None,
-          extra_body: str | None, check_logprobs: bool, concurrency: int, per_request: int, seed: int,
-          tau: float | None, tie_gap: float | None, out_dir: str | None, as_json: bool) -> None:
+          length: int | None, sampling: tuple[str, ...], logit_bias: str | None, verification: str | None,
+          gamma: int | None, extra_body: str | None, check_logprobs: bool, concurrency: int, per_request: int,
+          seed: int, tau: float | None, tie_gap: float | None, out_dir: str | None, as_json: bool) -> None:
     """Audit an engine's sampling (speculative or not) through its OpenAI API against the exact law of short
     continuations: verdict pass / fail / underpowered with the p-value, the TV and its CI, and the smallest TV the
     run could detect. Exit status 0 pass, 1 fail, 2 underpowered, 3 no verdict (docs/audit.md)."""
@@ -683,8 +702,7 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
                     except ValueError:
                         value = line
                     prompts.append(value if isinstance(value, str) else line)
-        penalties = {k: v for k, v in (("frequency_penalty", frequency_penalty), ("presence_penalty",
-                     presence_penalty), ("repetition_penalty", repetition_penalty)) if v is not None}
+        penalties = _sampling_options(sampling)
         report = run_audit(
             base_url, model, reference_model=reference_model, reference_url=reference_url,
             reference_draft=reference_draft, reference_logprobs=reference_logprobs, api_key=api_key,
