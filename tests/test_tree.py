@@ -144,7 +144,8 @@ def test_tree_greedy_equals_target_greedy(target):
 
 
 def test_self_draft_accepts_full_depth(target):
-    out = tree_engine(target, target, depth=3, top_k=2).generate([1, 2, 3], sampling=GREEDY, max_new_tokens=17)
+    out = tree_engine(target, target, depth=3, top_k=2).generate([1, 2, 3], sampling=GREEDY, gamma=3,
+                                                                 max_new_tokens=17)
     m = out.metrics
     # 4 rounds of 3 accepted + bonus (16 tokens), then one target-only round for the 17th
     assert (m.rounds, m.accepted) == (5, 12)

