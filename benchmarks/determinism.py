@@ -11,7 +11,7 @@ each into its own directory by ``verispec bench run`` in a subprocess, one after
 
 Reported: per pair of runs, how many units are token-identical and how many grades differ; per run, wall seconds
 and units per hour; the cost of determinism as the ratio of ``det-b8`` to ``batched-b8`` wall time. Not a test:
-nothing is asserted (tests/test_isolated.py holds the checks).
+nothing is asserted (tests/backends/test_isolated.py holds the checks).
 
     python benchmarks/determinism.py --out docs/results/determinism.json
 """

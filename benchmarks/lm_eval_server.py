@@ -23,7 +23,7 @@ score both ways (the engine's scored with the same metric definitions as lm-eval
     python benchmarks/lm_eval_server.py --limit 12 --out docs/results/lm_eval_server.json \
         --md docs/results/lm_eval_server.md
 
-Not a test: it records what it measures (``tests/test_lm_eval.py`` runs a short version where .venv-lmeval exists).
+Not a test: it records what it measures (``tests/eval/test_lm_eval.py`` runs a short version where .venv-lmeval exists).
 """
 
 from __future__ import annotations

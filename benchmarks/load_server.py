@@ -1,6 +1,6 @@
 """Load test of ``verispec serve`` on the real pair: concurrent streaming clients, a quarter of them hanging up
 mid-stream, for ten minutes; counts server errors and incomplete responses and samples the server process's resident
-memory. Not a test: nothing is asserted (the short version is tests/test_server_load.py).
+memory. Not a test: nothing is asserted (the short version is tests/server/test_server_load.py).
 
 The server runs as its own process (``verispec serve``, the defaults of this machine unless --serve-args), so the
 memory sampled is the server's alone. Writes JSON (every sample, every problem) and a markdown summary.

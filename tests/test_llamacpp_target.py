@@ -27,7 +27,7 @@ from verispec.testing import REAL_THREADS, chi_square_power  # noqa: E402
 
 pytestmark = pytest.mark.real
 
-LOGIT_TOL = 1.0  # batch-shape tolerance of llama.cpp's logits (see tests/test_llamacpp_backend.py)
+LOGIT_TOL = 1.0  # batch-shape tolerance of llama.cpp's logits (see tests/backends/test_llamacpp_backend.py)
 T = REAL_THREADS  # llama.cpp threads: the laws are compared within one engine
 
 
@@ -211,7 +211,7 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
     1e-4, bins with expected count < 5 pooled, hard failure on a zero-probability sample; the enumerated HSD law on
     the same distributions equals the target's first, and a wrong law (naive resampling) would be rejected with
     power > 0.85 (0.89 here: this law is nearer the naive one than the 2-token law above). Block verification's
-    round law equals HSD's exactly (tests/test_hsd.py)."""
+    round law equals HSD's exactly (tests/core/test_hsd.py)."""
     from verispec.analysis import sequence_distribution
 
     cfg = SamplingConfig(temperature=1.0, top_k=2)

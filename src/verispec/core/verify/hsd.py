@@ -25,7 +25,7 @@ which the paper and its code write it; the ratios keep every quantity in [0, 1] 
 
 The paper's code base computes the full-acceptance probability as min(1, L_gamma) and caps the prefix only where
 the ratio sets a new maximum (leaving 1 elsewhere); on enumerated toy models neither reading is lossless, while
-the one above is equal to the target's law to rounding (docs/paper_notes.md; tests/test_hsd.py). With one draft it
+the one above is equal to the target's law to rounding (docs/paper_notes.md; tests/core/test_hsd.py). With one draft it
 is token-wise verification. At temperature 0 (one-hot p and q) rho is 1 while the drafts match the argmax and 0
 after, so it accepts exactly the matching prefix: the engine keeps its exact greedy path. Like block verification
 it verifies the lossless law only: :func:`verispec.analysis.sequence.round_law` with ``verifier="hsd"`` is its

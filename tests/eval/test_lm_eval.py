@@ -14,7 +14,7 @@ import pytest
 
 from verispec.testing import skip_unless_real_pair
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.real

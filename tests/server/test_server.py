@@ -499,7 +499,7 @@ BAD = [
      "verification.logprobs_mode", "verification.logprobs_mode"),
     ("/v1/chat/completions", {**CHAT, "echo": True}, 400, "echo is not supported", "echo"),
     ("/v1/completions", {**COMP, "echo": "yes"}, 400, "echo", "echo"),
-    # the toy's chat template takes no tools (the real pair's does: tests/test_tools.py)
+    # the toy's chat template takes no tools (the real pair's does: tests/server/test_tools.py)
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
      "chat template takes no tools", "tools"),
     ("/v1/completions", {**COMP, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
