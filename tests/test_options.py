@@ -157,3 +157,20 @@ def test_option_check_can_fail_and_normalizes():
     assert OPTIONS["logit_bias"].check({"3": 1.0}, json_body=True) == {3: 1.0}
     with pytest.raises(OptionError, match="must be a number"):
         check("temperature", True)
+
+
+def test_every_registered_verifier_has_one_implementation_and_one_error():
+    """The verifier registry's capabilities are data, and each non-token verifier has its chain implementation in
+    the engine (and nothing else does); every registry refuses an unknown name with one message."""
+    from verispec.core import rules
+    from verispec.defaults import DRAFTERS, TARGET_BACKENDS, VERIFIERS
+    from verispec.eval.tasks import TASKS
+    from verispec.registry import UnknownName
+    from verispec.runtime.engine import CHAIN_VERIFIERS
+
+    assert set(CHAIN_VERIFIERS) == {name for name in VERIFIERS if name != "token"}
+    assert all(VERIFIERS[name].lossless_only and VERIFIERS[name].chains_only for name in CHAIN_VERIFIERS)
+    for registry, kind in ((rules.REGISTRY, "rule"), (DRAFTERS, "drafter"), (VERIFIERS, "verifier"),
+                           (TARGET_BACKENDS, "target backend"), (TASKS, "task")):
+        with pytest.raises(UnknownName, match=f"^unknown {kind} 'nope'; available: "):
+            registry["nope"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verispec.defaults import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.registry import UnknownName
 
 if TYPE_CHECKING:
     import torch
@@ -154,7 +155,7 @@ def _spec(name: str) -> ModelSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ModelError(f"unknown model {name!r}; registered models: {', '.join(REGISTRY)}") from None
+        raise ModelError(str(UnknownName("model", name, REGISTRY))) from None  # the registries' one message
 
 
 def cache_dir() -> Path:
