@@ -1,7 +1,7 @@
 """Toy models: a tiny random Qwen2 target / draft pair (fp32, built from a config, no download) with a character
 tokenizer, run by the same engine as the real pair. A documented model kind of the library: the sweeps'
-``target = "toy"``, dry runs, the certification of the vLLM plug-in against exact laws, and the tests use it, and
-``verispec serve --target toy`` would serve it; its numbers mean nothing about any real model."""
+``target = "toy"``, dry runs, the certification of the vLLM plug-in against exact laws and the tests use it; its
+numbers mean nothing about any real model."""
 
 from __future__ import annotations
 
