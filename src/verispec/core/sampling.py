@@ -114,7 +114,12 @@ class SamplingConfig:
         """The same penalties at temperature 1 without truncation: the models' own distributions, which the
         deterministic temperature-0 reading of a lossy rule compares
         (:func:`verispec.core.verify.chain.verify_greedy_rule`)."""
-        return replace(self, temperature=1.0, top_k=None, top_p=None, min_p=None, eta=None, eta_delta=None)
+        # asked once per round on the temperature-0 paths: made (and its fields checked) once per config
+        cached = self.__dict__.get("_untempered")
+        if cached is None:
+            cached = replace(self, temperature=1.0, top_k=None, top_p=None, min_p=None, eta=None, eta_delta=None)
+            object.__setattr__(self, "_untempered", cached)
+        return cached
 
 
 def _check_pairs(pairs: object) -> None:
