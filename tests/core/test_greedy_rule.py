@@ -3,9 +3,9 @@ draft iff it equals argmax of ``rule.greedy_reference(p, q)`` built from the UNt
 
 No sampling: every assertion is exact. The weighted-ensemble case is compared with transformers' greedy
 ``assistant_ensemble_weight`` verification (transformers 5.24.0, ``generation/utils.py``, the ``do_sample=False``
-branch of assisted decoding), reproduced below line for line because the project pins transformers 4.57.6,
-which does not have it; ``test_vendored_copy_matches_the_wheel`` checks the copy against a 5.24.0 wheel when
-``VERISPEC_TRANSFORMERS_WHEEL`` points to one (skipped otherwise).
+branch of assisted decoding), reproduced below line for line so that the check runs on every transformers
+verispec supports (4.57.6 does not have it); ``test_vendored_copy_matches_the_wheel`` checks the copy against a
+5.24.0 wheel when ``VERISPEC_TRANSFORMERS_WHEEL`` points to one (skipped otherwise).
 """
 
 from __future__ import annotations

