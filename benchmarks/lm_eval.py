@@ -1,29 +1,26 @@
-"""lm-evaluation-harness against ``verispec serve``: the same scores through the server as through the engine directly.
+"""lm-evaluation-harness two ways: through ``verispec serve`` and with verispec as an lm-eval model; the same scores
+both ways as through the engine directly.
 
-lm-eval (its ``local-completions`` model: token-id prompts, ``echo`` with ``logprobs`` for log-likelihoods, ``stop``
-for generations) runs in a virtual environment of its own (``bash scripts/install_lmeval.sh`` makes
-``.venv-lmeval``: lm-eval needs a newer huggingface_hub than the project's transformers pin allows) against
-verispec's OpenAI server, serving the default pair in this process as ``verispec serve --deterministic`` does
-(each request on model backends of its own; ``--shared-backends`` measures without it). Two tasks defined over
-local data files (the dataset hub is not reachable; the data are the installed GSM8K test questions, written as
-JSON lines):
+Two tasks defined over local data files (the dataset hub is not reachable; the data are the installed GSM8K test
+questions, written as JSON lines):
 
 - ``vs_gsm_loglik`` (log-likelihood): the reference solution as the continuation of "Question: ...\\nAnswer:";
   metrics ``perplexity`` and ``acc`` (the continuation is the greedy one).
 - ``vs_gsm_gen`` (generation): greedy, at most --max-gen-toks tokens, until a blank line or "Question:"; metric
   ``exact_match`` after a regex that keeps the last number (lm-eval's GSM8K "flexible-extract").
 
-Then every request lm-eval made is recomputed through the engine directly, with lm-eval's own tokenization
-(context and continuation encoded as its ``_encode_pair`` does): ``Engine.prompt_logprobs`` for the log-likelihoods
-and ``Engine.generate`` (temperature 0, the same stops, the same constant gamma) for the generations; per request
-the log-likelihood difference and whether the greedy flag and the generated text are identical, and each task's
-score both ways (the engine's scored with the same metric definitions as lm-eval's).
+lm-eval runs as its stock ``lm_eval`` command, twice: ``--model local-completions`` (token-id prompts, ``echo``
+with ``logprobs`` for log-likelihoods, ``stop`` for generations) against verispec's OpenAI server, serving the
+default pair in this process as ``verispec serve --deterministic`` does (``--shared-backends`` measures without
+it); and ``--model verispec`` (registered by verispec's install, no extra flag) on the same pair with
+``deterministic=True``. Then every request lm-eval made is recomputed through the engine directly, with
+lm-eval's own tokenization: ``Engine.prompt_logprobs`` for the log-likelihoods and ``Engine.generate``
+(temperature 0, the same stops, the same constant gamma) for the generations; per request the log-likelihood
+difference and whether the greedy flag and the generated text are identical, and each task's score all ways.
 
-    bash scripts/install_lmeval.sh
-    python benchmarks/lm_eval_server.py --limit 12 --out docs/results/lm_eval_server.json \
-        --md docs/results/lm_eval_server.md
+    python benchmarks/lm_eval.py --limit 12 --out docs/results/lm_eval.json --md docs/results/lm_eval.md
 
-Not a test: it records what it measures (``tests/eval/test_lm_eval.py`` runs a short version where .venv-lmeval exists).
+Not a test: it records what it measures (``tests/eval/test_lm_eval.py`` runs a short version).
 """
 
 from __future__ import annotations
@@ -33,13 +30,13 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-LMEVAL = Path(os.environ.get("LMEVAL_PYTHON", ".venv-lmeval/bin/python"))
 GAMMA = 4
 #: lm-eval's GSM8K "flexible-extract": the last number in the output
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
@@ -76,13 +73,10 @@ def write_tasks(root: Path, problems: list, max_gen_toks: int) -> None:
         f"    regexes_to_ignore: {json.dumps(IGNORE)}\n")
 
 
-def run_lm_eval(url: str, model: str, tokenizer_dir: str, root: Path) -> dict[str, list[dict]]:
-    """Run lm-eval's CLI from its environment; return each task's logged samples."""
-    out = root / "out"
-    cmd = [str(LMEVAL), "-m", "lm_eval", "--model", "local-completions", "--model_args",
-           f"base_url={url}/v1/completions,model={model},tokenizer={tokenizer_dir},tokenizer_backend=huggingface,"
-           "num_concurrent=1,max_retries=1", "--tasks", "vs_gsm_loglik,vs_gsm_gen", "--include_path", str(root),
-           "--output_path", str(out), "--log_samples"]
+def run_lm_eval(model: str, model_args: str, root: Path, out: Path) -> dict[str, list[dict]]:
+    """Run the stock ``lm_eval`` command; return each task's logged samples, its results and the config."""
+    cmd = [shutil.which("lm_eval") or "lm_eval", "--model", model, "--model_args", model_args, "--tasks",
+           "vs_gsm_loglik,vs_gsm_gen", "--include_path", str(root), "--output_path", str(out), "--log_samples"]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode:
@@ -92,7 +86,8 @@ def run_lm_eval(url: str, model: str, tokenizer_dir: str, root: Path) -> dict[st
         (f,) = out.rglob(f"samples_{task}_*.jsonl")
         samples[task] = [json.loads(line) for line in f.read_text().splitlines()]
     (res,) = out.rglob("results_*.json")
-    return {"samples": samples, "results": json.loads(res.read_text())["results"]}
+    data = json.loads(res.read_text())
+    return {"samples": samples, "results": data["results"], "config": data.get("config", {})}
 
 
 def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -121,73 +116,88 @@ def flexible_extract(text: str) -> str:
     return next((g for g in m if g), m[0]).strip() if isinstance(m, tuple) else m
 
 
-def direct(engine, tok, lm: dict, max_gen_toks: int) -> dict:
-    """Every lm-eval request recomputed through the engine directly, compared with the server's answers."""
+def direct(engine, tok, runs: dict[str, dict], max_gen_toks: int) -> dict:
+    """Every lm-eval request recomputed through the engine directly and compared with each run's answers
+    (``runs``: the label of a way through lm-eval -> its samples and results)."""
     from verispec.core.sampling import SamplingConfig
 
-    rows, ll_server, ll_direct = [], [], []
-    for s in lm["samples"]["vs_gsm_loglik"]:
-        a = s["arguments"]["gen_args_0"]
-        ctx, cont = encode_pair(tok, a["arg_0"], a["arg_1"])
-        lps = engine.prompt_logprobs(ctx + cont, top=1)[len(ctx):]
-        ll = sum(t.logprob for t in lps)
-        greedy = all(t.logprob == max(v for _, v in t.top) for t in lps)  # as lm-eval decides it
-        srv_ll, srv_greedy = float(s["resps"][0][0][0]), s["resps"][0][0][1] in (True, "True")
-        rows.append({"task": "vs_gsm_loglik", "doc": s["doc_id"], "tokens": len(cont), "server": srv_ll,
-                     "direct": ll, "abs_diff": abs(ll - srv_ll), "same_greedy": greedy == srv_greedy})
-        ll_server.append((srv_ll, len(cont), srv_greedy))
-        ll_direct.append((ll, len(cont), greedy))
-    em_server, em_direct = [], []
-    for s in lm["samples"]["vs_gsm_gen"]:
-        a = s["arguments"]["gen_args_0"]
-        ids = tok.encode(a["arg_0"], add_special_tokens=False)
-        r = engine.generate(ids, sampling=SamplingConfig(temperature=0.0), gamma=GAMMA, max_new_tokens=max_gen_toks,
-                            stop=UNTIL)
-        srv_text = s["resps"][0][0]
-        rows.append({"task": "vs_gsm_gen", "doc": s["doc_id"], "tokens": len(r.token_ids), "same_text":
-                     r.text == srv_text, "server": srv_text[:80], "direct": r.text[:80]})
-        em_server.append(exact_match(flexible_extract(srv_text), s["target"]))
-        em_direct.append(exact_match(flexible_extract(r.text), s["target"]))
+    rows = []
+    ll_engine, em_engine = {}, {}
+    scored = {label: {"ll": [], "em": []} for label in runs}
+    for label, lm in runs.items():
+        for s in lm["samples"]["vs_gsm_loglik"]:
+            a = s["arguments"]["gen_args_0"]
+            key = (a["arg_0"], a["arg_1"])
+            if key not in ll_engine:
+                ctx, cont = encode_pair(tok, *key)
+                lps = engine.prompt_logprobs(ctx + cont, top=1)[len(ctx):]
+                greedy = all(t.logprob == max(v for _, v in t.top) for t in lps)  # as lm-eval decides it
+                ll_engine[key] = (sum(t.logprob for t in lps), len(cont), greedy)
+            ll, n, greedy = ll_engine[key]
+            got, got_greedy = float(s["resps"][0][0][0]), s["resps"][0][0][1] in (True, "True")
+            rows.append({"way": label, "task": "vs_gsm_loglik", "doc": s["doc_id"], "tokens": n, "lm_eval": got,
+                         "direct": ll, "abs_diff": abs(ll - got), "same_greedy": greedy == got_greedy})
+            scored[label]["ll"].append((got, n, got_greedy))
+        for s in lm["samples"]["vs_gsm_gen"]:
+            a = s["arguments"]["gen_args_0"]
+            if a["arg_0"] not in em_engine:
+                ids = tok.encode(a["arg_0"], add_special_tokens=False)
+                r = engine.generate(ids, sampling=SamplingConfig(temperature=0.0), gamma=GAMMA,
+                                    max_new_tokens=max_gen_toks, stop=UNTIL)
+                em_engine[a["arg_0"]] = (r.text, exact_match(flexible_extract(r.text), s["target"]))
+            text, em = em_engine[a["arg_0"]]
+            got = s["resps"][0][0]
+            rows.append({"way": label, "task": "vs_gsm_gen", "doc": s["doc_id"], "same_text": text == got,
+                         "lm_eval": got[:80], "direct": text[:80]})
+            scored[label]["em"].append(exact_match(flexible_extract(got), s["target"]))
 
     def ppl(xs: list) -> float:  # lm-eval's perplexity: exp of minus the mean log-likelihood per document
         return math.exp(-sum(x[0] for x in xs) / len(xs))
 
-    res = lm["results"]
-    return {"rows": rows, "scores": {
-        "vs_gsm_loglik": {"perplexity": {"lm-eval via server": res["vs_gsm_loglik"]["perplexity,none"],
-                                         "recomputed from server answers": ppl(ll_server), "engine": ppl(ll_direct)},
-                          "acc": {"lm-eval via server": res["vs_gsm_loglik"]["acc,none"],
-                                  "recomputed from server answers": sum(x[2] for x in ll_server) / len(ll_server),
-                                  "engine": sum(x[2] for x in ll_direct) / len(ll_direct)}},
-        "vs_gsm_gen": {"exact_match": {"lm-eval via server": res["vs_gsm_gen"]["exact_match,flexible-extract"],
-                                       "recomputed from server answers": sum(em_server) / len(em_server),
-                                       "engine": sum(em_direct) / len(em_direct)}}}}
+    engine_ll = list(ll_engine.values())
+    scores = {"vs_gsm_loglik": {"perplexity": {}, "acc": {}}, "vs_gsm_gen": {"exact_match": {}}}
+    for label, lm in runs.items():
+        res = lm["results"]
+        scores["vs_gsm_loglik"]["perplexity"][label] = res["vs_gsm_loglik"]["perplexity,none"]
+        scores["vs_gsm_loglik"]["acc"][label] = res["vs_gsm_loglik"]["acc,none"]
+        scores["vs_gsm_gen"]["exact_match"][label] = res["vs_gsm_gen"]["exact_match,flexible-extract"]
+    scores["vs_gsm_loglik"]["perplexity"]["engine"] = ppl(engine_ll)
+    scores["vs_gsm_loglik"]["acc"]["engine"] = sum(x[2] for x in engine_ll) / len(engine_ll)
+    scores["vs_gsm_gen"]["exact_match"]["engine"] = sum(v[1] for v in em_engine.values()) / len(em_engine)
+    return {"rows": rows, "scores": scores}
 
 
 def markdown(out: dict) -> str:
-    rows = out["rows"]
-    ll = [r for r in rows if r["task"] == "vs_gsm_loglik"]
-    gen = [r for r in rows if r["task"] == "vs_gsm_gen"]
-    lines = ["# lm-evaluation-harness through `verispec serve`", "",
-             f"lm-eval {out['lm_eval_version']} (`local-completions`, token-id prompts, one request at a time) against "
-             f"`verispec serve` on the default pair ({out['backends']}"
-             f"{', --deterministic' if out['deterministic'] else ', backends shared across requests'}), "
-             f"CPU: {out['cpu']}. Two tasks over local data "
-             f"files: the first {out['limit']} GSM8K test questions; greedy generation at most "
+    ways = list(out["ways"])
+    lines = ["# lm-evaluation-harness through `verispec serve` and as `lm_eval --model verispec`", "",
+             f"lm-eval {out['lm_eval_version']}, its stock `lm_eval` command, two ways: `local-completions` "
+             f"(token-id prompts, one request at a time) against `verispec serve` on the default pair "
+             f"({out['backends']}{', --deterministic' if out['deterministic'] else ', backends shared across requests'}"
+             f"), and `--model verispec --model_args {out['model_args']}`. CPU: {out['cpu']}. Two tasks over local "
+             f"data files: the first {out['limit']} GSM8K test questions; greedy generation at most "
              f"{out['max_gen_toks']} tokens, gamma {GAMMA}. Every request then recomputed through the engine directly "
-             f"with lm-eval's tokenization. lm-eval's wall time: {out['lm_eval_s']:.0f} s.", "",
-             "| task | metric | lm-eval via the server | recomputed from the server's answers | engine directly |",
-             "|---|---|---|---|---|"]
+             f"with lm-eval's tokenization. lm-eval's wall time: "
+             + ", ".join(f"{w} {out['seconds'][w]:.0f} s" for w in ways) + ".", "",
+             "| task | metric | " + " | ".join(ways) + " | engine directly |", "|---|---|" + "---|" * (len(ways) + 1)]
     for task, metrics in out["scores"].items():
         for metric, v in metrics.items():
-            lines.append(f"| {task} | {metric} | {v['lm-eval via server']:.6g} | "
-                         f"{v['recomputed from server answers']:.6g} | {v['engine']:.6g} |")
-    lines += ["", f"Log-likelihoods: {len(ll)} requests, largest difference server vs engine "
-              f"{max(r['abs_diff'] for r in ll):.2e} nats; greedy flags equal on "
-              f"{sum(r['same_greedy'] for r in ll)} of {len(ll)}. Generations: identical text on "
-              f"{sum(r['same_text'] for r in gen)} of {len(gen)}.", "",
-              "Rerun: `bash scripts/install_lmeval.sh`, then `python benchmarks/lm_eval_server.py --limit "
-              f"{out['limit']}{'' if out['deterministic'] else ' --shared-backends'} --out JSON --md MD`.", ""]
+            lines.append(f"| {task} | {metric} | " + " | ".join(f"{v[w]:.6g}" for w in ways)
+                         + f" | {v['engine']:.6g} |")
+    lines.append("")
+    for w in ways:
+        ll = [r for r in out["rows"] if r["way"] == w and r["task"] == "vs_gsm_loglik"]
+        gen = [r for r in out["rows"] if r["way"] == w and r["task"] == "vs_gsm_gen"]
+        lines.append(f"- {w}: log-likelihoods of {len(ll)} requests, largest difference from the engine "
+                     f"{max(r['abs_diff'] for r in ll):.2e} nats, greedy flags equal on "
+                     f"{sum(r['same_greedy'] for r in ll)} of {len(ll)}; generations identical on "
+                     f"{sum(r['same_text'] for r in gen)} of {len(gen)}.")
+    spec = out.get("speculation") or {}
+    if spec:
+        lines += ["", "Speculation as `--model verispec` reports it in lm-eval's results (`config.verispec`): "
+                  + "; ".join(f"{t}: BE {v['block_efficiency']:.2f}, accepted {v['accepted_fraction']:.2f} of "
+                              f"{v['drafted']} drafted" for t, v in spec.items()) + "."]
+    lines += ["", f"Rerun: `python benchmarks/lm_eval.py --limit {out['limit']}"
+              f"{'' if out['deterministic'] else ' --shared-backends'} --out JSON --md MD`.", ""]
     return "\n".join(lines)
 
 
@@ -197,12 +207,13 @@ def main() -> None:
     ap.add_argument("--max-gen-toks", type=int, default=96)
     ap.add_argument("--shared-backends", action="store_true",
                     help="serve without --deterministic: requests share the model backends (and their prefix caches)")
+    ap.add_argument("--ways", default="server,model", help="server, model or both (comma-separated)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
-    if not LMEVAL.exists():
-        raise SystemExit(f"{LMEVAL} not found: run `bash scripts/install_lmeval.sh` first")
     sys.path.insert(0, str(Path(__file__).parent))
+    from importlib import metadata
+
     from vllm_cpu import cpu
 
     from verispec import models
@@ -216,19 +227,29 @@ def main() -> None:
     engine = load_engine(drafter=drafter, target_backend=backend, deterministic=not args.shared_backends)
     tok = engine.tokenizer
     problems = get_task("gsm").load(limit=args.limit)
-    version = subprocess.run([str(LMEVAL), "-c", "import lm_eval; print(lm_eval.__version__)"], capture_output=True,
-                             text=True, check=True).stdout.strip()
+    model_args = f"drafter={drafter},target_backend={backend},gamma={GAMMA},deterministic={not args.shared_backends}"
+    runs, seconds = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_tasks(root, problems, args.max_gen_toks)
-        with BackgroundServer(create_app(engine, model_name="verispec", max_batch=1), timeout_s=120) as srv:
+        if "server" in args.ways:
+            with BackgroundServer(create_app(engine, model_name="verispec", max_batch=1), timeout_s=120) as srv:
+                t0 = time.perf_counter()
+                tokenizer = models.converted_dir(models.DEFAULT_TARGET)
+                runs["lm-eval via server"] = run_lm_eval(
+                    "local-completions", f"base_url={srv.url}/v1/completions,model=verispec,tokenizer={tokenizer},"
+                    "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1", root, root / "out-server")
+                seconds["lm-eval via server"] = time.perf_counter() - t0
+        if "model" in args.ways:
             t0 = time.perf_counter()
-            lm = run_lm_eval(srv.url, "verispec", str(models.converted_dir(models.DEFAULT_TARGET)), root)
-            seconds = time.perf_counter() - t0
-    out = {"cpu": cpu(), "lm_eval_version": version, "limit": args.limit, "max_gen_toks": args.max_gen_toks,
-           "deterministic": not args.shared_backends,
-           "gamma": GAMMA, "backends": ", ".join(f"{k} {v}" for k, v in engine.backends.items()),
-           "lm_eval_s": seconds, **direct(engine, tok, lm, args.max_gen_toks)}
+            runs["lm-eval --model verispec"] = run_lm_eval("verispec", model_args, root, root / "out-model")
+            seconds["lm-eval --model verispec"] = time.perf_counter() - t0
+    speculation = runs.get("lm-eval --model verispec", {}).get("config", {}).get("verispec", {}).get("speculation")
+    out = {"cpu": cpu(), "lm_eval_version": metadata.version("lm-eval"), "limit": args.limit,
+           "max_gen_toks": args.max_gen_toks, "deterministic": not args.shared_backends, "gamma": GAMMA,
+           "model_args": model_args, "ways": list(runs), "seconds": seconds, "speculation": speculation,
+           "backends": ", ".join(f"{k} {v}" for k, v in engine.backends.items()),
+           **direct(engine, tok, runs, args.max_gen_toks)}
     text = markdown(out)
     print(text)
     if args.out:

@@ -211,23 +211,39 @@ class Engine:
         alternatives, under the target's own distribution (log-softmax of its logits: temperature 1, no
         processors, as vLLM's prompt logprobs): what log-likelihood evaluation scores. Runs on a row of its own,
         ``chunk`` tokens per forward, and frees it."""
-        ids = [int(t) for t in prompt_ids]
-        out = [TokenLogprob(ids[0], None)]
-        row = self.target.add_row()
+        return self.prompt_logprobs_batch([prompt_ids], top, chunk)[0]
+
+    def prompt_logprobs_batch(self, prompts: Sequence[Sequence[int]], top: int = 0,
+                              chunk: int = 256) -> list[list[TokenLogprob]]:
+        """:meth:`prompt_logprobs` of several prompts, scored together: one batched target forward per ``chunk``
+        tokens of every prompt still unfinished (at most :attr:`max_rows` prompts at a time)."""
+        out: list[list[TokenLogprob]] = []
+        width = self.max_rows or len(prompts) or 1
+        for first in range(0, len(prompts), width):
+            out += self._logprobs_rows([[int(t) for t in ids] for ids in prompts[first : first + width]], top, chunk)
+        return out
+
+    def _logprobs_rows(self, seqs: list[list[int]], top: int, chunk: int) -> list[list[TokenLogprob]]:
+        out = [[TokenLogprob(ids[0], None)] for ids in seqs]
+        rows = [self.target.add_row() for _ in seqs]
         try:
-            for pos in range(1, len(ids), chunk):
-                toks = ids[pos : pos + chunk]
-                logits = self.target.score([ScoreRequest(row, ids[:pos], toks)])[0][: len(toks)]
-                self.target.commit(row, list(range(len(toks))))
-                logp = torch.log_softmax(logits.double(), -1).clamp(min=LOGPROB_FLOOR)
-                for j, tok in enumerate(toks):
-                    alts = []
-                    if top:
-                        vals, idx = logp[j].topk(top)
-                        alts = [(int(t), float(v)) for v, t in zip(vals, idx, strict=True)]
-                    out.append(TokenLogprob(tok, float(logp[j, tok]), alts))
+            for pos in range(1, max(len(ids) for ids in seqs), chunk):
+                live = [i for i, ids in enumerate(seqs) if pos < len(ids)]
+                toks = [seqs[i][pos : pos + chunk] for i in live]
+                scored = self.target.score([ScoreRequest(rows[i], seqs[i][:pos], t) for i, t in zip(live, toks,
+                                                                                                    strict=True)])
+                for i, t, logits in zip(live, toks, scored, strict=True):
+                    self.target.commit(rows[i], list(range(len(t))))
+                    logp = torch.log_softmax(logits[: len(t)].double(), -1).clamp(min=LOGPROB_FLOOR)
+                    for j, tok in enumerate(t):
+                        alts = []
+                        if top:
+                            vals, idx = logp[j].topk(top)
+                            alts = [(int(a), float(v)) for v, a in zip(vals, idx, strict=True)]
+                        out[i].append(TokenLogprob(tok, float(logp[j, tok]), alts))
         finally:
-            self.target.remove_row(row)
+            for row in rows:
+                self.target.remove_row(row)
         return out
 
     def _check_prompt(self, prompt: str | Sequence[int], chat: bool) -> list[int]:

@@ -1,0 +1,277 @@
+"""verispec as an lm-evaluation-harness model: ``lm_eval --model verispec --model_args rule=lenience,l=0.5 ...``.
+
+The stock ``lm_eval`` command finds the name because verispec's ``verispec-hook.pth`` registers it when lm-eval's
+model registry loads (``_verispec_hook``); this module is imported only when a run asks for the model.
+
+- ``generate_until``: speculative decoding under the requested rule, batched by the engine (``batch_size`` rows
+  at a time). The task's ``gen_kwargs`` win over ``--model_args``, which win over lm-eval's default (greedy, as
+  its HF model): ``do_sample=False`` means temperature 0, ``until`` are stop strings, ``max_gen_toks`` the token
+  limit (256 by default).
+- ``loglikelihood`` / ``loglikelihood_rolling``: the target's own log-probabilities (temperature 1, no
+  processors), scored in batched forwards; exact and independent of the rule, as lm-eval's HF model computes
+  them (context and continuation encoded as its ``_encode_pair`` does; an empty context conditions on EOS).
+- Per task: block efficiency (emitted accepted drafts per target step, the bonus excluded), the accepted fraction
+  of drafted tokens and the tokens per target step, logged when each generation batch ends and returned by
+  :meth:`VerispecLM.get_model_info`, which lm-eval writes into its results' ``config``.
+
+``--model_args`` keys: the engine's (``target`` or ``pretrained``, ``draft``, ``drafter``, ``dtype``, ``threads``,
+``target_backend``, ``deterministic``, ``draft_p_min``, ``max_rows``), the request schema's sampling options
+(``temperature``, ``top_p``, ``top_k``, ``min_p``, ``eta``, the penalties) and ``rule``, ``gamma``, ``seed``,
+``verifier``, ``greedy_lossy``, and the rule's own parameters (``l=0.5`` for lenience). Any other key is refused
+with a ValueError naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from verispec.api import load_engine
+from verispec.core import rules
+from verispec.defaults import (
+    AUTO,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DRAFT,
+    DEFAULT_DTYPE,
+    DEFAULT_RULE,
+    DEFAULT_TARGET,
+    drafter_spec,
+    resolve_backends,
+)
+from verispec.options import OPTIONS
+from verispec.runtime.types import Metrics
+
+__all__ = ["VerispecLM"]
+
+log = logging.getLogger(__name__)
+
+#: lm-eval's default generation length (its HF model's ``max_gen_toks``)
+MAX_GEN_TOKS = 256
+_ENGINE_KEYS = ("target", "draft", "drafter", "dtype", "threads", "target_backend", "deterministic",
+                "draft_p_min", "max_rows")
+#: request-schema options a model argument may set for every generation (the rest are per request or structured)
+_REQUEST_KEYS = ("rule", "gamma", "seed", "verifier", "greedy_lossy")
+_SAMPLING_KEYS = tuple(o.name for o in OPTIONS.values() if o.group == "sampling" and o.name != "logit_bias")
+#: lm-eval's own arguments that say nothing to a CPU engine that batches by itself
+_IGNORED = ("max_batch_size",)
+
+
+class VerispecLM(LM):
+    """An lm-eval model backed by a verispec :class:`~verispec.runtime.engine.Engine` (see the module docstring)."""
+
+    def __init__(self, pretrained: str | None = None, batch_size: int | str | None = None, device: str = "cpu",
+                 **model_args: Any) -> None:
+        super().__init__()
+        for key in _IGNORED:
+            model_args.pop(key, None)
+        if pretrained is not None:
+            if "target" in model_args:
+                raise ValueError("model_args: give target or pretrained, not both")
+            model_args["target"] = pretrained
+        engine_args = {k: model_args.pop(k) for k in _ENGINE_KEYS if k in model_args}
+        self.request = {k: OPTIONS[k].check(model_args.pop(k)) for k in _REQUEST_KEYS + _SAMPLING_KEYS
+                        if k in model_args}
+        rule_name = self.request.pop("rule", DEFAULT_RULE)
+        try:
+            self.rule = rules.get(rule_name, **model_args)  # the rest must be the rule's parameters
+        except ValueError as exc:
+            known = ", ".join(("pretrained",) + _ENGINE_KEYS + _REQUEST_KEYS + _SAMPLING_KEYS)
+            raise ValueError(f"model_args: {exc} (engine and request keys: {known})") from None
+        self.rule_args = {"rule": rule_name, **model_args}
+        self.batch_size = _batch_size(batch_size)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval passes its --device default (cuda:0) to every model; its HF model falls back the same way
+            log.warning("no CUDA device: verispec runs on the CPU")
+            device = "cpu"
+        target = engine_args.pop("target", DEFAULT_TARGET)
+        target_backend, drafter = resolve_backends(engine_args.pop("target_backend", AUTO),
+                                                   engine_args.pop("drafter", AUTO), device)
+        draft = engine_args.pop("draft", DEFAULT_DRAFT)
+        self.engine = load_engine(target, draft if drafter_spec(drafter).uses_draft_model else None, drafter,
+                                  engine_args.pop("dtype", DEFAULT_DTYPE), device=device,
+                                  target_backend=target_backend, **engine_args)
+        self.target_name = str(target)
+        self.tokenizer = self.engine.tokenizer
+        self._device = device
+        self.per_task: dict[str, Metrics] = defaultdict(Metrics)
+
+    # -- tokens --------------------------------------------------------------------------------------------------
+    @property
+    def max_length(self) -> int:
+        return int(self.engine.target.max_context)
+
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context conditions on (lm-eval's HF model: BOS, else EOS)."""
+        tok = self.tokenizer
+        return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+
+    def tok_encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's split: trailing spaces of the context move to the continuation; the continuation's tokens are
+        those of the whole text after the context's (so a merge across the boundary is scored as the model sees
+        it)."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            continuation = context[-spaces:] + continuation
+            context = context[:-spaces]
+        whole = self.tok_encode(context + continuation)
+        context_ids = self.tok_encode(context)
+        return whole[: len(context_ids)], whole[len(context_ids):]
+
+    # -- log-likelihoods -------------------------------------------------------------------------------------------
+    def _score(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """Sum of the continuation's log-probabilities and whether it is the greedy one, per (context, continuation)
+        pair of token ids; the sequence is cut on the left to the context window."""
+        seqs, spans = [], []
+        for context, cont in pairs:
+            ids = ([self.prefix_token_id] if not context else context) + cont
+            ids = ids[-(self.max_length):]
+            seqs.append(ids)
+            spans.append(min(len(cont), len(ids) - 1))
+        out = []
+        for first in range(0, len(seqs), self.batch_size):
+            chunk = seqs[first : first + self.batch_size]
+            scored = self.engine.prompt_logprobs_batch(chunk, top=1)
+            for lps, n in zip(scored, spans[first : first + self.batch_size], strict=True):
+                tail = lps[len(lps) - n:] if n else []
+                out.append((float(sum(t.logprob for t in tail)),
+                            all(t.top and t.top[0][0] == t.token for t in tail)))
+        return out
+
+    def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [self._encode_pair(*r.args) for r in requests]
+        results = self._score(pairs)
+        for r, res in zip(requests, results, strict=True):
+            self.cache_hook.add_partial("loglikelihood", r.args, res)
+        return results
+
+    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for r in requests:
+            (text,) = r.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            # each window is (context, continuation); its first context is the prefix token itself
+            pairs = [(list(ctx), list(cont)) for ctx, cont in windows]
+            total = sum(lp for lp, _ in self._score(pairs))
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        return out
+
+    # -- generation ------------------------------------------------------------------------------------------------
+    def _settings(self, gen_kwargs: dict) -> dict:
+        """One request's options: the task's gen_kwargs over the model arguments over greedy decoding."""
+        kw = dict(gen_kwargs)
+        until = kw.pop("until", None)
+        stop = [until] if isinstance(until, str) else list(until or [])
+        max_gen = int(kw.pop("max_gen_toks", MAX_GEN_TOKS))
+        do_sample = kw.pop("do_sample", None)
+        sampling = {k: v for k, v in self.request.items() if k in _SAMPLING_KEYS}
+        sampling.setdefault("temperature", 0.0)
+        for k in list(kw):
+            if k in _SAMPLING_KEYS:
+                sampling[k] = OPTIONS[k].check(kw.pop(k))
+        speculative = kw.pop("speculative", None) or {}  # as in verispec serve's request bodies
+        request = {k: v for k, v in self.request.items() if k not in _SAMPLING_KEYS}
+        for k in [*_REQUEST_KEYS, *speculative]:
+            if k in kw or k in speculative:
+                if k not in _REQUEST_KEYS or k == "rule":
+                    raise ValueError(f"generation argument {k!r}: the rule is a model argument")
+                request[k] = OPTIONS[k].check(kw.pop(k) if k in kw else speculative[k])
+        if do_sample is False:
+            sampling["temperature"] = 0.0
+        elif do_sample and sampling["temperature"] == 0.0:
+            sampling["temperature"] = 1.0
+        if kw:
+            log.warning("verispec ignores the generation arguments %s", sorted(kw))
+        return {"stop": stop, "max_new_tokens": max_gen, **sampling, **request}
+
+    def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        settings = []
+        for i, r in enumerate(requests):
+            s = self._settings(r.args[1])
+            settings.append(s)
+            groups[tuple(sorted((k, repr(v)) for k, v in s.items() if k != "stop"))].append(i)
+        out: list[str] = [""] * len(requests)
+        for idx in groups.values():
+            first = settings[idx[0]]
+            room = self.max_length - first["max_new_tokens"]
+            prompts = [self._prompt_ids(requests[i].args[0], room) for i in idx]
+            fixed = {k: v for k, v in first.items() if k != "stop"}
+            results = self.engine.generate(prompts, rule=self.rule, batch_size=self.batch_size,
+                                           stop=[settings[i]["stop"] for i in idx], **fixed)
+            for i, res in zip(idx, results, strict=True):
+                if res.finish_reason == "error":
+                    raise ValueError(f"verispec could not generate for request {i}: {res.error}")
+                out[i] = res.text
+                self._count(getattr(requests[i], "task_name", None) or "all", res.metrics)
+                self.cache_hook.add_partial("generate_until", requests[i].args, res.text)
+        self._log()
+        return out
+
+    def _prompt_ids(self, context: str, room: int) -> list[int]:
+        ids = self.tok_encode(context) or [self.prefix_token_id]
+        return ids[-max(room, 1):]
+
+    def _count(self, task: str, m: Metrics) -> None:
+        t = self.per_task[task]
+        for name in ("rounds", "drafted", "accepted", "emitted_accepted", "new_tokens"):
+            setattr(t, name, getattr(t, name) + getattr(m, name))
+
+    def speculation(self) -> dict[str, dict[str, float | int]]:
+        """Per task: block efficiency, accepted fraction, tokens per target step and the counts behind them."""
+        out = {}
+        for task, m in sorted(self.per_task.items()):
+            out[task] = {"block_efficiency": m.emitted_accepted / m.rounds if m.rounds else 0.0,
+                         "accepted_fraction": m.accepted / m.drafted if m.drafted else 0.0,
+                         "tokens_per_step": m.new_tokens / m.rounds if m.rounds else 0.0,
+                         "target_steps": m.rounds, "drafted": m.drafted, "accepted": m.accepted,
+                         "new_tokens": m.new_tokens}
+        return out
+
+    def _log(self) -> None:
+        for task, s in self.speculation().items():
+            log.warning("verispec %s on %s: BE %.3f, accepted %.3f of %d drafted, %.2f tokens per target step",
+                        self.rule_args["rule"], task, s["block_efficiency"], s["accepted_fraction"],
+                        s["drafted"], s["tokens_per_step"])
+
+    def get_model_info(self) -> dict:
+        """What lm-eval writes into its results' ``config``: the engine, the rule and per-task speculation."""
+        return {"verispec": {"target": self.target_name, **self.engine.backends, **self.rule_args,
+                             **{k: v for k, v in self.request.items()}, "speculation": self.speculation()}}
+
+    # -- chat --------------------------------------------------------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return self.target_name.replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if chat_template is not False else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The target's chat template applied to lm-eval's messages (as lm-eval's HF model does)."""
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  continue_final_message=not add_generation_prompt)
+
+
+def _batch_size(value: int | str | None) -> int:
+    """lm-eval's ``--batch_size``: a number, or "auto" / "auto:N" (verispec's default batch, which the engine
+    caps at its own row limit)."""
+    if value is None or (isinstance(value, str) and value.startswith("auto")):
+        return DEFAULT_BATCH_SIZE
+    size = int(value)
+    if size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {value}")
+    return size
