@@ -584,15 +584,16 @@ def test_every_bad_input_gets_its_4xx_and_disturbs_nobody(server, reference):
 
 @pytest.fixture()
 def gated():
-    """A server over its own engine (4 rows per round, 8 requests admitted) whose rounds wait on ``gate``, raise
-    while ``fail`` is set, and record how many rows the engine holds."""
+    """A server over its own engine (4 rows per round, 8 requests admitted) whose rounds wait on ``gate`` (``entered``
+    is set once a round has begun), raise while ``fail`` is set, and record how many rows the engine holds."""
     engine = toy_engine("model", cache=False)
-    gate, fail = threading.Event(), threading.Event()
+    gate, fail, entered = threading.Event(), threading.Event(), threading.Event()
     gate.set()
     rows_held: list[int] = []
     step = engine.step
 
     def controlled(rows):
+        entered.set()
         assert gate.wait(TIMEOUT), "gate never opened"
         rows_held.append(engine.target.num_rows)
         if fail.is_set():
@@ -603,7 +604,7 @@ def gated():
     engine.step = controlled
     app = create_app(engine, model_name=MODEL, max_batch=4, max_concurrency=8)
     with BackgroundServer(app) as srv:
-        srv.gate, srv.fail, srv.rows_held = gate, fail, rows_held
+        srv.gate, srv.fail, srv.rows_held, srv.entered = gate, fail, rows_held, entered
         yield srv
         gate.set()
 
@@ -628,6 +629,30 @@ def test_over_max_concurrency_gets_429_and_waiting_requests_hold_no_rows(gated):
     assert sorted(len(r[1]["choices"][0]["text"]) for r in results if r[0] == 200) == list(range(6, 14))
     assert max(gated.rows_held) == 4
     assert post(gated, "/v1/completions", COMP)[0] == 200  # slots are free again
+
+
+def test_rows_of_a_round_in_progress_count_as_running_not_waiting(gated):
+    """A request of n = 4 choices reaching an idle server: its 4 rows are admitted and their first round runs (held
+    here). Meanwhile /metrics counts them as running, not as queued: the gauges were read before admission, so a
+    long first round once showed queue_depth 4 (8 for two such requests), running 0, as if the scheduler had stopped
+    admitting."""
+    gated.gate.clear()
+    result: list = []
+    client_thread = threading.Thread(target=lambda: result.append(
+        post(gated, "/v1/completions", {**COMP, "max_tokens": 2, "n": 4, "seed": 5, "logprobs": 1})))
+    client_thread.start()
+    try:
+        assert gated.entered.wait(TIMEOUT), "no round began"
+        wait_for(lambda: metric(metrics(gated), "verispec_running") == 4, timeout=10.0,
+                 what="the 4 rows of the round in progress counted as running")
+        s = metrics(gated)
+        assert metric(s, "verispec_queue_depth") == 0
+        assert metric(s, "verispec_requests_in_flight") == 4
+    finally:
+        gated.gate.set()
+        client_thread.join(TIMEOUT)
+    assert not client_thread.is_alive() and result[0][0] == 200 and len(result[0][1]["choices"]) == 4
+    wait_for(lambda: metric(metrics(gated), "verispec_running") == 0, what="the finished rows leaving the gauge")
 
 
 def test_a_failing_round_fails_only_its_requests(gated):

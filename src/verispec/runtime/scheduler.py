@@ -127,8 +127,11 @@ class Scheduler:
             if h.on_done is not None:
                 h.on_done(h)
 
-    def step(self) -> list[tuple[Handle, list[int]]]:
-        """Admit, run one round, retire; returns (handle, new tokens) for every row that ran."""
+    def admit(self) -> list[Handle]:
+        """Retire the cancelled requests and give waiting ones rows up to ``max_batch``; returns the batch the next
+        round runs. :meth:`step` does this first; a caller that reports the batch (a server's gauges) calls it
+        before :meth:`step` to count the admitted requests as running during their round. The ``on_done``
+        callbacks of the requests it retires run at the end of the next :meth:`step`."""
         with self._lock:
             for h in [h for h in self.waiting if h.cancelled]:
                 self.waiting.remove(h)
@@ -146,7 +149,11 @@ class Scheduler:
                     self._retire(h)
                     continue
                 self.running.append(h)
-            batch = list(self.running)
+            return list(self.running)
+
+    def step(self) -> list[tuple[Handle, list[int]]]:
+        """Admit (:meth:`admit`), run one round, retire; returns (handle, new tokens) for every row that ran."""
+        batch = self.admit()
         if not batch:
             self._notify()
             return []

@@ -165,6 +165,9 @@ class Worker:
             self._call_observe()
             if not self.scheduler.idle:
                 try:
+                    # admitted before the gauges are read: the rows of a round count as running while it runs
+                    self.scheduler.admit()
+                    self._call_observe()
                     self.scheduler.step()
                 except Exception as exc:  # the Scheduler already failed this round's rows
                     self.round_failures += 1
