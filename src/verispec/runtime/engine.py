@@ -169,30 +169,42 @@ class Engine:
         scored = self.prompt_logprobs(prompt_ids, req.prompt_logprobs) if req.prompt_logprobs is not None else None
         key = self._next_key
         self._next_key += 1
-        row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, self.target.add_row())
-        row.prompt_logprobs = scored
-        if req.budget is not None:
-            row.budget = self._check_budget(req, rule)
-            fam = family_of(rule)
-            row.metrics.budget = {"budget": row.budget.to_dict(), "rule": fam.rule, "param": fam.param, "spent": 0.0,
-                                  "theta": [], "tv": []}
-            if cfg.greedy:
-                # temperature 0: the target's law is a point mass and any other token is at distance 1, so a
-                # budget below 1 leaves no relaxation: verify losslessly (the target's greedy decode)
-                row.rule = Lossless()
-        if req.response_format is not None:
-            row.constraint = self.grammar.constraint(req.response_format)
-        if self.drafter is not None:
-            self.drafter.add_row(key, req.gamma)
+        target_row, drafter = self.target.add_row(), None
+        try:
+            row = Row(key, req, rule, cfg, prompt_ids, self.target.vocab_size, target_row)
+            row.prompt_logprobs = scored
+            if req.budget is not None:
+                row.budget = self._check_budget(req, rule)
+                fam = family_of(rule)
+                row.metrics.budget = {"budget": row.budget.to_dict(), "rule": fam.rule, "param": fam.param,
+                                      "spent": 0.0, "theta": [], "tv": []}
+                if cfg.greedy:
+                    # temperature 0: the target's law is a point mass and any other token is at distance 1, so a
+                    # budget below 1 leaves no relaxation: verify losslessly (the target's greedy decode)
+                    row.rule = Lossless()
+            if req.response_format is not None:
+                row.constraint = self.grammar.constraint(req.response_format)
+            if self.drafter is not None:
+                drafter = self.drafter
+                drafter.add_row(key, req.gamma)
+        except BaseException:
+            # a row that never started is never released: free what was allocated, or it rides along in every
+            # batched forward from now on (a drafter's add_row may fail half-way: its remove_row takes what it holds)
+            if drafter is not None:
+                drafter.remove_row(key)
+            self.target.remove_row(target_row)
+            raise
         return row
 
     def release(self, row: Row) -> None:
-        """Free a row's caches (finished or cancelled)."""
-        self.target.remove_row(row.target_row)
-        if self.drafter is not None:
-            if row.metrics.schedule is None and hasattr(self.drafter, "schedule_summary"):
-                row.metrics.schedule = self.drafter.schedule_summary(row.key)
-            self.drafter.remove_row(row.key)
+        """Free a row's caches (finished or cancelled); the drafter's are freed even if the target's fail."""
+        try:
+            self.target.remove_row(row.target_row)
+        finally:
+            if self.drafter is not None:
+                if row.metrics.schedule is None and hasattr(self.drafter, "schedule_summary"):
+                    row.metrics.schedule = self.drafter.schedule_summary(row.key)
+                self.drafter.remove_row(row.key)
 
     def result(self, row: Row) -> GenerationResult:
         m = row.metrics

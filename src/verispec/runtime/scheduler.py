@@ -106,11 +106,26 @@ class Scheduler:
         with self._lock:
             handle.cancelled = True
 
+    @staticmethod
+    def _fail(h: Handle, exc: Exception) -> None:
+        """Fail one request with ``exc`` (its start, its round, or releasing or reporting its row): finish_reason
+        "error" with the message, and the tokens it committed before."""
+        h.error = f"{type(exc).__name__}: {exc}"
+        row = h.row
+        h.result = GenerationResult("", list(h.tokens), "error", row.metrics if row is not None else Metrics(),
+                                    row.prompt_ids if row is not None else [], h.error)
+
     def _retire(self, h: Handle) -> None:
+        """Finish a handle that left the batch (or never joined it). Never raises: its caller may be retiring a whole
+        batch, and a handle left unfinished would keep its client waiting forever."""
         if h.row is not None:
-            self.engine.release(h.row)
-            if h.result is None and h.error is None:
-                h.result = self.engine.result(h.row)
+            try:
+                self.engine.release(h.row)
+                if h.result is None and h.error is None:
+                    h.result = self.engine.result(h.row)
+            except Exception as exc:  # this request fails alone; a failure it already had is the one it reports
+                if h.error is None:
+                    self._fail(h, exc)
         elif h.result is None:  # cancelled while waiting: it never ran
             h.result = GenerationResult("", [], "cancelled", Metrics())
         finished_by_itself = h.row is not None and h.row.done
@@ -144,8 +159,7 @@ class Scheduler:
                 try:
                     h.row = self.engine.start(h.request, h.prepared)
                 except Exception as exc:  # e.g. the context filled up meanwhile: this request fails alone
-                    h.error = f"{type(exc).__name__}: {exc}"
-                    h.result = GenerationResult("", [], "error", Metrics(), error=h.error)
+                    self._fail(h, exc)
                     self._retire(h)
                     continue
                 self.running.append(h)
@@ -161,8 +175,7 @@ class Scheduler:
             new = self.engine.step([h.row for h in batch])  # type: ignore[misc]
         except Exception as exc:  # a failing round fails its rows, never the scheduler
             for h in batch:
-                h.error = f"{type(exc).__name__}: {exc}"
-                h.result = GenerationResult("", list(h.tokens), "error", h.row.metrics, h.row.prompt_ids, h.error)
+                self._fail(h, exc)
             with self._lock:
                 for h in batch:
                     self.running.remove(h)
