@@ -100,7 +100,8 @@ def main() -> None:
     engines = {"model": base, "ngram": Engine(base.target, NgramDrafter(), base.tokenizer, base.eos_token_ids)}
     problems = get_task("humaneval").load(limit=max(max(sizes), 4))
     tok = base.tokenizer
-    prompts = [list(tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)) for p in problems]
+    prompts = [list(tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+               for p in problems]
     rows = []
     for name in args.drafters.split(","):
         for temp in (float(t) for t in args.temperatures.split(",")):

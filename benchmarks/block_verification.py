@@ -43,30 +43,43 @@ VERIFIERS = ("token", "block", "hsd")
 LOG: list[dict[str, float]] = []  # each verifier's predicted accepted drafts, per round of the current run
 
 
+def _moments(dist: list[float]) -> tuple[float, float]:
+    """Mean and variance of a count whose law is ``dist`` (dist[k] = P(K = k))."""
+    mean = sum(k * w for k, w in enumerate(dist))
+    return mean, sum((k - mean) ** 2 * w for k, w in enumerate(dist))
+
+
 def predicted(y: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> dict[str, float]:
-    """Exact conditional expected accepted drafts of one round given its drafts, under each verifier."""
+    """Exact law of one round's accepted drafts given its drafts, under each verifier: its mean (``token``,
+    ``block``, ``hsd``) and variance (``var_token``, ...)."""
     p = as_float64(p)
     q = torch.zeros_like(p[:, :-1]).scatter_(-1, y.unsqueeze(-1), 1.0) if q is None else as_float64(q)
     at = y.unsqueeze(-1)
+    gamma = y.shape[1]
     px, qx = p[:, :-1].gather(-1, at).squeeze(-1), q.gather(-1, at).squeeze(-1)
     a = torch.where(qx > 0, torch.clamp(px / qx.clamp_min(1e-300), max=1.0), torch.zeros_like(px))[0]
-    token = float(a.cumprod(0).sum())
+    reach = [1.0] + a.cumprod(0).tolist()  # P(K >= i), i = 0..gamma
+    token = [reach[i] - (reach[i + 1] if i < gamma else 0.0) for i in range(gamma + 1)]
+    # block: K = the largest i whose test passes, scanning down from gamma (P(K = i) = h_i prod_{j>i} (1 - h_j))
     h = block_acceptance(block_weights(y, q, p), q, p)[0].tolist()
-    block = 0.0
-    for i in range(1, len(h) + 1):
-        pr = h[i - 1]
-        for hj in h[i:]:
-            pr *= 1 - hj
-        block += i * pr
-    gamma = y.shape[1]
+    block, none = [0.0] * (gamma + 1), 1.0
+    for i in range(gamma, 0, -1):
+        block[i] = none * h[i - 1]
+        none *= 1 - h[i - 1]
+    block[0] = none
+    # hsd: all gamma kept with probability rho_gamma, else the walk down stops at depth i and keeps i - 1
     rho = hsd_ratios(y, q, p)
     stop = hsd_stop(rho, q, p)[0].tolist()
-    whole = float(rho[0, gamma])
-    hsd, left = gamma * whole, 1 - whole
+    hsd = [0.0] * (gamma + 1)
+    hsd[gamma] = float(rho[0, gamma])
+    left = 1 - hsd[gamma]
     for i in range(gamma, 0, -1):
-        hsd += (i - 1) * left * stop[i - 1]
+        hsd[i - 1] += left * stop[i - 1]
         left *= 1 - stop[i - 1]
-    return {"token": token, "block": block, "hsd": hsd}
+    out: dict[str, float] = {}
+    for name, dist in (("token", token), ("block", block), ("hsd", hsd)):
+        out[name], out[f"var_{name}"] = _moments(dist)
+    return out
 
 
 def logged(fn):
@@ -93,13 +106,22 @@ def main() -> None:
     eng = load_engine(drafter="model", dtype=ARGS.dtype, threads=ARGS.threads)
     tok = eng.tokenizer
     sets = {
-        "code": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+        "code": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
                  for p in get_task("humaneval").load(limit=ARGS.prompts)],
         "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                         tokenize=True) for c in CHAT_PROMPTS[: ARGS.prompts]],
+                                         tokenize=True, return_dict=False) for c in CHAT_PROMPTS[: ARGS.prompts]],
     }
     eng.generate(sets["chat"][0][:16], max_new_tokens=4, gamma=ARGS.gamma)  # warm-up
     report: dict = {"config": {k: v for k, v in vars(ARGS).items() if k != "out"}, "cells": {}}
+    # every run is appended to OUT.runs.jsonl as it ends, and a rerun skips the runs found there (resumable)
+    runs_path = f"{ARGS.out}.runs.jsonl" if ARGS.out else None
+    done: dict[str, dict] = {}
+    if runs_path and os.path.exists(runs_path):
+        with open(runs_path) as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    done[rec["id"]] = rec["run"]
     for set_name, prompts in sets.items():
         for temp in ARGS.temperatures:
             key = f"{set_name} / T={temp}"
@@ -108,15 +130,29 @@ def main() -> None:
                 for seed in range(ARGS.seeds):
                     pair = {}
                     for verifier in VERIFIERS:
+                        run_id = f"{key}|{i}|{seed}|{verifier}|{ARGS.gamma}|{ARGS.max_new_tokens}"
+                        if run_id in done:
+                            pair[verifier] = done[run_id]
+                            continue
                         LOG.clear()
                         res = eng.generate(list(ids), sampling=SamplingConfig(temperature=temp), gamma=ARGS.gamma,
                                            max_new_tokens=ARGS.max_new_tokens, seed=seed, verifier=verifier)
                         m = res.metrics
+                        # the accepted drafts of each round that drafted (one logged prediction per such round)
+                        accepted = [acc for drafted, acc in m.per_round if drafted]
+                        if len(accepted) != len(LOG):
+                            raise SystemExit(f"{run_id}: {len(accepted)} drafting rounds but {len(LOG)} logged")
                         pair[verifier] = {
                             "be": m.block_efficiency, "tokens_per_s": m.new_tokens / m.total_s,
                             "verify_ms_per_round": 1000 * m.verify_s / m.rounds, "rounds": m.rounds,
                             **{f"pred_{v}": statistics.fmean(r[v] for r in LOG) if LOG else 0.0 for v in VERIFIERS},
+                            # the calibration of this run's own verifier: accepted drafts against their exact law
+                            "accepted_sum": sum(accepted), "pred_sum": sum(r[verifier] for r in LOG),
+                            "var_sum": sum(r[f"var_{verifier}"] for r in LOG), "drafting_rounds": len(LOG),
                         }
+                        if runs_path:
+                            with open(runs_path, "a") as f:
+                                f.write(json.dumps({"id": run_id, "run": pair[verifier]}) + "\n")
                         print(f"[{key}] prompt {i} seed {seed} {verifier:5s} BE {pair[verifier]['be']:.2f} pred "
                               + " ".join(f"{v} {pair[verifier]['pred_' + v]:.3f}" for v in VERIFIERS)
                               + f" {pair[verifier]['tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
@@ -126,6 +162,31 @@ def main() -> None:
                 os.makedirs(os.path.dirname(ARGS.out) or ".", exist_ok=True)
                 with open(ARGS.out, "w") as f:
                     json.dump(report, f, indent=1)
+    report["calibration"] = calibration([p for cell in report["cells"].values() for p in cell["pairs"]])
+    if ARGS.out:
+        with open(ARGS.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def calibration(pairs: list[dict]) -> dict:
+    """Per verifier, over every run: accepted drafts minus their exact conditional expectation, summed over the
+    drafting rounds, in standard errors (the sum of the rounds' exact conditional variances): a martingale, so
+    about N(0, 1) when the sampler follows its law. Per round: the mean difference and its standard error."""
+    out = {}
+    for v in VERIFIERS:
+        runs = [p[v] for p in pairs if "accepted_sum" in p[v]]
+        n = sum(r["drafting_rounds"] for r in runs)
+        diff = sum(r["accepted_sum"] - r["pred_sum"] for r in runs)
+        var = sum(r["var_sum"] for r in runs)
+        out[v] = {"rounds": n, "runs": len(runs), "per_round": diff / n if n else 0.0,
+                  "se_per_round": var ** 0.5 / n if n else 0.0, "z": diff / var ** 0.5 if var else 0.0}
+    lines = ["\n## Calibration: accepted drafts per round against each verifier's exact expectation",
+             "| verifier | drafting rounds | measured - predicted per round | standard error | z |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {v} | {c['rounds']} | {c['per_round']:+.4f} | {c['se_per_round']:.4f} | {c['z']:+.2f} |"
+              for v, c in out.items()]
+    print("\n".join(lines), flush=True)
+    return out
 
 
 def summarize(key: str, pairs: list[dict]) -> dict:

@@ -153,9 +153,10 @@ def main() -> None:
     tok = models.load_tokenizer(models.DEFAULT_TARGET)
     problems = get_task("humaneval").load(limit=ARGS.prompts)
     sets = {
-        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True)
-                 for c in CHAT_PROMPTS[: ARGS.prompts]],
-        "code": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True) for p in problems],
+        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
+                                         return_dict=False) for c in CHAT_PROMPTS[: ARGS.prompts]],
+        "code": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+                 for p in problems],
     }
     modes = {"T=0": SamplingConfig(temperature=0), "T=0.7": SamplingConfig(temperature=0.7)}
     if ARGS.out and ARGS.only and os.path.exists(ARGS.out):  # rerun some cells, keep the others

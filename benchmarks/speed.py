@@ -185,10 +185,10 @@ def main() -> None:
 
     problems = get_task("humaneval").load(limit=ARGS.prompts)
     sets = {
-        "humaneval": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+        "humaneval": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
                       for p in problems],
-        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True)
-                 for c in CHAT_PROMPTS[: ARGS.prompts]],
+        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
+                                         return_dict=False) for c in CHAT_PROMPTS[: ARGS.prompts]],
     }
     modes = {"greedy": SamplingConfig(temperature=0)}
     if ARGS.sampled:
