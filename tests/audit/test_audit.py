@@ -5,7 +5,8 @@ verdict; and the test's statistics (tolerance null, power) on their own.
 The toy pair: target = a tiny random Qwen2 with its output head x 8, draft = the same weights x 3 (a flatter q over
 the same ranking, so drafts are often accepted and a wrong rule shows). The design is fixed: prompt "the cat",
 2-token continuations, temperature 1, top_k 3 (8 bins). Every audit runs at alpha = 1e-4 with a fixed seed; the
-power each negative control has against its own exact law at that N is stated where it is used.
+power each negative control has against its own exact law at that N is stated where it is used. The two-sample
+mode (--two-sample) runs the same design against the same server without speculation, sampled as the reference.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
         return (200, json.dumps({"choices": [{"text": "ab", "index": 0, "finish_reason": "length",
                                               "logprobs": None}]}).encode()) if "logprobs" in body else None
 
-    with RewritingProxy(server.url, respond=strip) as proxy, pytest.raises(AuditInputError, match="reference-model"):
+    with RewritingProxy(server.url, respond=strip) as proxy, \
+            pytest.raises(AuditInputError, match="reference-model.*--two-sample"):
         audit(server.url, MODEL, reference_url=proxy.url, n=100, quiet=True, tie_gap=TIE_GAP, **DESIGN)
 
 
@@ -204,6 +206,78 @@ def test_cli_json_last_line_and_exit_status(server, tmp_path):
     down = CliRunner().invoke(main, ["audit", "--base-url", f"http://127.0.0.1:{free_port()}", "--model", MODEL,
                                      "--reference-url", server.url, "--json", *args[7:17]])
     assert down.exit_code == 3 and json.loads(down.stdout.strip().splitlines()[-1])["verdict"] is None
+
+
+# -- two-sample mode: a reference endpoint without logprobs, sampled --------------------------------------------
+
+
+def _no_logprobs(body: dict):
+    """A reference endpoint that refuses `logprobs` (as some deployments do)."""
+    if "logprobs" in body:
+        return 400, json.dumps({"error": {"message": "logprobs are not supported", "param": "logprobs",
+                                          "type": "invalid_request_error", "code": None}}).encode()
+    return None
+
+
+def two_sample(engine_url: str, reference_url: str, n: int, **kw) -> object:
+    return audit(engine_url, MODEL, reference_url=reference_url, two_sample=True, n=n, alpha=ALPHA, seed=0,
+                 per_request=16, concurrency=4, quiet=True, **DESIGN, **kw)
+
+
+def test_two_sample_correct_engine_passes(server):
+    """The engine (speculation forced, gamma 4) against the same model without speculation behind a proxy that
+    refuses `logprobs`: N = 1000 per side, homogeneity chi-square at alpha 1e-4 (a false fail has probability <=
+    1e-4; the seeds are fixed); the run's computed power detects TV 0.15 (smallest detectable TV about 0.14 on
+    this law at n_eff = 500), so the verdict is pass, and the report says the mode is approximate."""
+    with RewritingProxy(server.url, rewrite({"speculative": {"gamma": 4}})) as eng, \
+            RewritingProxy(server.url, rewrite({"speculative": {"gamma": 0}}), respond=_no_logprobs) as ref:
+        rep = two_sample(eng.url, ref.url, 1000, target_tv=0.15)
+    assert rep.verdict == "pass", rep.test
+    assert rep.test["pvalue"] > ALPHA and rep.power["min_detectable_tv"] <= 0.15
+    assert rep.reference["mode"] == "two-sample" and "approximate" in rep.reference["exact"]
+    assert rep.n["per_prompt"] == 1000 and rep.n["reference_total"] == 1000
+    assert sum(r["reference_count"] for r in rep.outcomes[0]) == 1000 == sum(r["count"] for r in rep.outcomes[0])
+    assert rep.tv["ci95"][0] <= rep.tv["estimate"] <= rep.tv["ci95"][1]
+    assert any("approximate" in note for note in rep.notes)
+
+
+def test_two_sample_defective_engine_fails(server):
+    """Temperature off by a factor 0.5 (the proxy halves it while the audit asks for 1) against the reference
+    endpoint without speculation: exact TV 0.222 between the two laws; the two-sample test's power at N = 500 per
+    side and alpha 1e-4 against that law (noncentral chi-square, 8 df) is 0.9995; verdict fail."""
+    with RewritingProxy(server.url, rewrite({"speculative": {"gamma": 4}}, 0.5)) as eng, \
+            RewritingProxy(server.url, rewrite({"speculative": {"gamma": 0}}), respond=_no_logprobs) as ref:
+        rep = two_sample(eng.url, ref.url, 500, target_tv=0.15)
+    assert rep.verdict == "fail" and rep.exit_code == 1, rep.test
+    assert rep.test["pvalue"] < ALPHA and rep.tv["ci95"][0] > 0.1
+
+
+def test_cli_two_sample_pilot_plan_report_and_bad_input(server, tmp_path):
+    """``verispec audit --reference-url URL --two-sample`` without --samples: a pilot of the reference plans N per
+    side for TV 0.25; never a fail (a correct engine), the report says approximate. The reference endpoint down, or
+    --two-sample without --reference-url: exit 3 with the reason, no verdict."""
+    from click.testing import CliRunner
+
+    from verispec.cli.main import main
+
+    (tmp_path / "p.txt").write_text('"the cat"\n')
+    common = ["--model", MODEL, "--two-sample", "--prompts", str(tmp_path / "p.txt"), "--length", "2", "--top-k",
+              "3", "--temperature", "1", "--tv", "0.25", "--gamma", "4", "--json", "--per-request", "16"]
+    with RewritingProxy(server.url, rewrite({"speculative": {"gamma": 0}}), respond=_no_logprobs) as ref:
+        result = CliRunner().invoke(main, ["audit", "--base-url", server.url, "--reference-url", ref.url, *common,
+                                           "--out", str(tmp_path / "rep")])
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code in (0, 2) and last["verdict"] in ("pass", "underpowered"), (result.exit_code, last)
+    assert last["n"]["pilot_per_prompt"] == 256
+    assert last["n"]["planned_per_prompt"] == last["power"]["n_needed_per_prompt"]
+    assert "approximate" in (tmp_path / "rep" / "audit.md").read_text()
+    down = CliRunner().invoke(main, ["audit", "--base-url", server.url, "--reference-url",
+                                     f"http://127.0.0.1:{free_port()}", *common])
+    error = json.loads(down.stdout.strip().splitlines()[-1])
+    assert down.exit_code == 3 and error["verdict"] is None, down.stdout
+    assert "reference endpoint" in error["error"] and "not answering" in error["error"]
+    no_url = CliRunner().invoke(main, ["audit", "--base-url", server.url, "--reference-model", "toy", *common])
+    assert no_url.exit_code == 3 and "--reference-url" in json.loads(no_url.stdout.strip().splitlines()[-1])["error"]
 
 
 # -- the statistics ------------------------------------------------------------------------------------------------
@@ -251,3 +325,43 @@ def test_power_is_computed_and_the_plan_reaches_it():
     x2 = ((counts - n * e) ** 2 / (n * e)).sum(axis=1)
     rejected = np.mean([stats.tolerant_pvalue(x, bins.df, lam0) < ALPHA / 2 for x in x2])
     assert rejected >= 0.85
+
+
+def test_two_sample_test_is_calibrated_and_its_power_is_reached():
+    """The homogeneity test on its own (seed 0). Null: both sides from one law with rare outcomes (pooled bins),
+    N = 1000 per side, 600 runs at alpha 0.05: at most 52 rejections (the binomial 1e-4 upper bound on 0.05 x 600).
+    Power: N = 1500 per side, an alternative at exactly the computed smallest detectable TV at alpha 1e-4 (the
+    Cauchy-Schwarz equality case around the pooled law: d = c pi on a set, -c' pi on the rest) is rejected in >=
+    85% of 300 runs; the two-sample plan detects TV 0.15 and a tenth of it does not."""
+    from collections import Counter
+
+    rng = np.random.default_rng(0)
+    e = np.array([0.3, 0.25, 0.2, 0.1, 0.08, 0.04, 0.02, 0.006, 0.003, 0.001])
+    e = e / e.sum()
+    keys = [(str(i), False) for i in range(len(e))]
+
+    def table(c: np.ndarray) -> Counter:
+        return Counter({k: int(v) for k, v in zip(keys, c, strict=True) if v})
+
+    n, runs = 1000, 600
+    a, b = rng.multinomial(n, e, size=runs), rng.multinomial(n, e, size=runs)
+    rejected = sum(stats.two_sample_test([table(x)], [table(y)], 1e-3, 0.05)["pvalue"] < 0.05
+                   for x, y in zip(a, b, strict=True))
+    assert rejected <= 52
+
+    n = 1500
+    first = stats.two_sample_test([table(rng.multinomial(n, e))], [table(rng.multinomial(n, e))], 1e-3, ALPHA)
+    delta = first["min_detectable_tv"] - first["pooled_mass"]
+    plus = np.array([1, 0, 0, 1, 0, 1, 1, 0, 0, 0], dtype=bool)
+    sign = np.where(plus, 1.0, -e[plus].sum() / e[~plus].sum())
+    d = 2 * delta * e * sign / np.abs(e * sign).sum()  # sum |d| = 2 delta: TV(e + d/2, e - d/2) = delta
+    hi, lo = e + d / 2, e - d / 2
+    rejected = np.mean([stats.two_sample_test([table(rng.multinomial(n, hi))], [table(rng.multinomial(n, lo))],
+                                              1e-3, ALPHA)["pvalue"] < ALPHA for _ in range(300)])
+    assert rejected >= 0.85
+    law = dict(zip(keys, e, strict=True))
+    n_plan, floor = stats.plan([law], 0.15, 1e-3, ALPHA, two_sample=True)
+    bins = stats.make_bins(law, n_plan, floor)
+    lam0 = stats.tolerance_noncentrality([bins], n_plan / 2, 1e-3)
+    assert stats.min_detectable_tv(n_plan / 2, bins.df, lam0, ALPHA, 0.9, bins.pooled_mass) <= 0.15
+    assert stats.min_detectable_tv(n_plan / 20, bins.df, lam0, ALPHA, 0.9, bins.pooled_mass) > 0.15

@@ -1,6 +1,6 @@
 """Audit any engine's sampling, speculative or not, black-box through its OpenAI-compatible API: the law of short
-continuations it samples against their exact reference law, with a tolerance for float noise and stated power
-(docs/audit.md)."""
+continuations it samples against their exact reference law, with a tolerance for float noise and stated power; or,
+with ``two_sample``, against a reference endpoint's own samples (approximate) (docs/audit.md)."""
 
 from __future__ import annotations
 

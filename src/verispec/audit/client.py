@@ -26,7 +26,8 @@ FIELD_ADVICE = {
     "top_k": "top_k keeps the continuations' support small enough to enumerate; with an engine without top_k, "
              "audit with --top-k 0 and a --top-p or --min-p the engine honours",
     "logprobs": "--reference-url reads the reference law from the endpoint's top logprobs; without them, give "
-                "--reference-model (the same weights as a GGUF or HF directory) instead",
+                "--reference-model (the same weights as a GGUF or HF directory) instead, or add --two-sample "
+                "(the endpoint sampled like the engine: approximate)",
     "n": "several choices per request only save requests; the audit falls back to one choice per request",
 }
 

@@ -7,7 +7,9 @@ from :mod:`verispec.audit.reference`; the test is :mod:`verispec.audit.stats` (c
 null TV <= tau, its p-value, worst-case power and the smallest detectable TV). Verdict: ``fail`` when the null is
 rejected at ``alpha``, else ``pass`` when the run could detect an average TV of ``target_tv`` with power >=
 ``power``, else ``underpowered``. Any error of the endpoints or the settings raises
-:class:`~verispec.audit.client.AuditInputError` before a verdict (never one on partial data).
+:class:`~verispec.audit.client.AuditInputError` before a verdict (never one on partial data). Without reference
+logprobs, ``two_sample`` hands the audit to :func:`audit_two_sample` (the reference endpoint sampled too, a
+test of homogeneity of the two samples: approximate; the section "two-sample mode" below).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,7 +33,8 @@ from verispec.audit.report import write_report
 from verispec.core import rules as _rules
 from verispec.core.sampling import SamplingConfig
 
-__all__ = ["AUTO_PROMPTS", "AuditReport", "audit", "choose_design"]
+__all__ = ["AUTO_PROMPTS", "PILOT_N", "AuditReport", "SampledReference", "audit", "audit_two_sample",
+           "choose_design", "request_fields"]
 
 #: candidate prompts of the automatic design (completions of code and prose the coder pair continues diversely)
 AUTO_PROMPTS = (
@@ -92,6 +95,22 @@ def _cfg(temperature: float, top_k: int | None, top_p: float | None, min_p: floa
                           logit_bias=bias, **pen)
 
 
+def request_fields(length: int, temperature: float, top_k: int | None, top_p: float | None, min_p: float | None,
+                   penalties: dict | None, logit_bias: dict | None) -> dict[str, Any]:
+    """The sampling fields of every audit request (top_k 0 / None: not sent)."""
+    fields: dict[str, Any] = {"max_tokens": length, "temperature": temperature}
+    if top_k:
+        fields["top_k"] = top_k
+    for name, value in (("top_p", top_p), ("min_p", min_p)):
+        if value is not None:
+            fields[name] = value
+    for name, value in (penalties or {}).items():
+        fields[name] = value
+    if logit_bias:
+        fields["logit_bias"] = {str(k): v for k, v in logit_bias.items()}
+    return fields
+
+
 def _spread(law: dict[Outcome, float]) -> float:
     return 1.0 / sum(v * v for v in law.values())
 
@@ -138,10 +157,11 @@ def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int
 
 
 def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields: dict, per_request: int,
-            seed: int, concurrency: int, deadline: float, quiet: bool, want_logprobs: bool
-            ) -> tuple[list[Counter], list[list[dict]], list[dict], bool]:
-    """Counts of outcomes per prompt (requests interleaved over prompts, seeds distinct), the choices' logprobs,
-    the ``verispec`` blocks, and whether the deadline cut the sampling short."""
+            seed: int, concurrency: int, deadline: float, quiet: bool, want_logprobs: bool,
+            stop: threading.Event | None = None) -> tuple[list[Counter], list[list[dict]], list[dict], bool]:
+    """Counts of outcomes per prompt (requests interleaved over prompts, seeds ``seed + request index x
+    per_request``), the choices' logprobs, the ``verispec`` blocks, and whether the deadline (or ``stop``, set by
+    another sampler's failure) cut the sampling short."""
     jobs = []
     per = max(1, per_request)
     for i in range(0, n_per_prompt, per):
@@ -150,7 +170,7 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
     counts = [Counter() for _ in prompts]
     lps: list[list[dict]] = [[] for _ in prompts]
     extras: list[dict] = []
-    lock, stop = threading.Lock(), threading.Event()
+    lock, stop = threading.Lock(), (stop if stop is not None else threading.Event())
     done = [0]
     t0 = time.monotonic()
     last = [t0]
@@ -270,7 +290,8 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
           logit_bias: dict | None = None, verification: dict | None = None, gamma: int | None = None,
           extra_body: dict | None = None, n: int | None = None, per_request: int = 8, concurrency: int = 8,
           seed: int = 0, tau: float | None = None, tie_gap: float | None = None, check_logprobs: bool = False,
-          out_dir: str | None = None, threads: int | None = None, quiet: bool = False) -> AuditReport:
+          two_sample: bool = False, out_dir: str | None = None, threads: int | None = None,
+          quiet: bool = False) -> AuditReport:
     """Audit the engine at ``base_url`` serving ``model``; see the module docstring. The reference is
     ``reference_model`` (a GGUF or registered name, llama.cpp; or an HF directory, transformers; with
     ``reference_draft`` for a declared lossy rule's law), ``reference_url`` (an endpoint of the same model without
@@ -282,13 +303,19 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit
     gap at the top-k boundary below which a prefix counts as a near-tie (default
     :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one
-    are refused. With ``out_dir`` the report (markdown, JSON, figure) is written there."""
+    are refused. ``two_sample`` (with ``reference_url``): no log-probabilities are read; the reference endpoint is
+    sampled like the engine and the two samples are tested for homogeneity
+    (:func:`audit_two_sample`: approximate, no exact law). With ``out_dir`` the report
+    (markdown, JSON, figure) is written there."""
     t_start = time.monotonic()
     if sum(x is not None for x in (reference_model, reference_url, reference)) != 1:
         raise AuditInputError("give exactly one reference: --reference-model (a GGUF or HF directory of the same "
                               "weights) or --reference-url (an endpoint of the same model without speculation)")
     if not 0 < alpha < 1 or not 0 < target_tv < 1 or not 0 < power < 1:
         raise AuditInputError("alpha, the target TV and the power must lie in (0, 1)")
+    if two_sample and reference_url is None:
+        raise AuditInputError("--two-sample samples a reference endpoint: give --reference-url (an endpoint of the "
+                              "same model without speculation) instead of --reference-model")
     # the rule and its parameters; the rest of the object (verifier, logprobs mode) is the engine's business
     rule = (_rules.from_request({k: v for k, v in verification.items() if k in ("rule", "params")})
             if verification is not None else None)
@@ -302,6 +329,21 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
         body_extra["speculative"] = {"gamma": gamma}
     # a request that takes longer than the whole audit may is a hang, not a slow answer
     engine = EngineClient(base_url, model, api_key, timeout=max(60.0, min(600.0, time_limit)), extra_body=body_extra)
+
+    if two_sample:
+        if rule is not None and not rule.lossless:
+            raise AuditInputError("--two-sample compares with the reference endpoint's own (lossless) sampling: a "
+                                  "declared lossy rule's law needs --reference-model and --reference-draft")
+        if check_logprobs:
+            raise AuditInputError("--check-logprobs needs a log-probability reference: drop it with --two-sample, "
+                                  "or give --reference-model")
+        return audit_two_sample(
+            engine, EngineClient(reference_url, reference_model_name or model, api_key,  # type: ignore[arg-type]
+                                 timeout=engine.timeout, role="reference"),
+            prompts=prompts, alpha=alpha, target_tv=target_tv, power=power, time_limit=time_limit,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, length=length, penalties=penalties,
+            logit_bias=logit_bias, n=n, per_request=per_request, concurrency=concurrency, seed=seed, tau=tau,
+            out_dir=out_dir, quiet=quiet, t_start=t_start)
 
     t_ref = time.monotonic()
     if reference is not None:
@@ -351,16 +393,7 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     _say(f"design: {len(chosen_prompts)} prompt(s), {length} tokens, top_k {top_k_used}, T {temp}; "
          f"{planned} samples per prompt planned (tau {tau_used:.2g}, measured noise {noise:.2g})", quiet)
 
-    fields: dict[str, Any] = {"max_tokens": length, "temperature": temp}
-    if top_k_used:
-        fields["top_k"] = top_k_used
-    for name, value in (("top_p", top_p), ("min_p", min_p)):
-        if value is not None:
-            fields[name] = value
-    for name, value in (penalties or {}).items():
-        fields[name] = value
-    if logit_bias:
-        fields["logit_bias"] = {str(k): v for k, v in logit_bias.items()}
+    fields = request_fields(length, temp, top_k_used, top_p, min_p, penalties, logit_bias)
 
     # probe: one request with every field the audit sends (n included), before anything is counted
     probe = engine.complete(chosen_prompts[0], **fields, seed=seed, n=min(per_request, planned))
@@ -446,6 +479,225 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     )
     _say(f"verdict {verdict}: p = {pvalue:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, {tv_hi:.3f}], "
          f"N {n_total}, smallest TV detectable with power {power}: {mdt:.3f}", quiet)
+    if out_dir is not None:
+        write_report(report, out_dir)
+    return report
+
+
+# -- two-sample mode ----------------------------------------------------------------------------------------------
+# ``verispec audit --reference-url URL --two-sample``: no reference log-probabilities.
+#
+# For an endpoint of the same model without speculation that reports no logprobs (or whose logprobs should not be
+# trusted), the reference law is not read but sampled: the same prompts with the same sampling fields go to the
+# engine under test and to the reference endpoint, N times per prompt on each side with distinct seeds (the engine
+# ``seed + i``, the reference after the engine's last seed, a pilot far beyond both), and the two count tables are
+# tested for homogeneity (:func:`verispec.audit.stats.two_sample_test`: Pearson's chi-square over the outcomes
+# seen, sparse ones pooled so every expected count is >= 5, under the tolerance null TV <= tau). Power: the
+# noncentral chi-square bound at the least favourable alternative of each TV, computed from the run's bins (n_eff =
+# N / 2: twice the samples per side of the one-sample test for the same power). Verdicts as in the log-probability
+# modes. Approximate, unlike those modes: there is no exact law, only the reference endpoint's own sampling,
+# trusted as it is; a pass says the engine is indistinguishable from it at the stated power. Given prompts and
+# settings are used as they are; otherwise :func:`choose_design` picks them from a pilot sample of the reference
+# endpoint (:class:`SampledReference`, :data:`PILOT_N` per candidate), which also plans N when ``n`` is not given.
+# The pilot is never part of the test.
+
+#: pilot samples per candidate (prompt, setting) on the reference endpoint: design and plan only, never tested
+PILOT_N = 256
+#: the pilot's seeds start here (plus --seed), far from the engine's and the reference's sampling seeds
+PILOT_SEED_OFFSET = 1 << 30
+
+APPROXIMATE = ("approximate: no exact law; the reference endpoint is sampled like the engine (same prompts and "
+               "settings, distinct seeds) and the two samples are compared, so a pass means the engine is "
+               "indistinguishable from that endpoint's own sampling at the stated power (which is trusted, not "
+               "checked); the log-probability modes compare with an exact law")
+
+
+class SampledReference:
+    """A reference endpoint known by its samples: the "law" of a candidate design is the empirical law of a pilot
+    sample (``pilot_n`` per prompt), for :func:`choose_design` and the plan only. No ties,
+    no measured noise (nothing to measure without logprobs)."""
+
+    kind = "two-sample"
+    logprobs_kind = None
+
+    def __init__(self, client: EngineClient, fields_for: Any, pilot_n: int, per_request: int, seed: int,
+                 concurrency: int, deadline: float) -> None:
+        self.client, self.fields_for, self.pilot_n = client, fields_for, pilot_n
+        self.per_request, self.next_seed, self.concurrency, self.deadline = per_request, seed, concurrency, deadline
+        self.name = f"{client.base} ({client.model})"
+        self.ties: list = []
+        self.tie_gap = 0.0
+        self.pilots: dict[tuple, Counter] = {}
+
+    def law(self, prompt: str, cfg: SamplingConfig, length: int, rule: Any = None, gamma: int = 0,
+            verifier: str = "token") -> tuple[dict[Outcome, float], dict]:
+        """(empirical outcome law of the pilot, no paths)."""
+        key = (prompt, length, cfg.temperature, cfg.top_k)
+        if key not in self.pilots:
+            fields = self.fields_for(length, cfg.temperature, cfg.top_k)
+            counts, _, _, _ = _sample(self.client, [prompt], self.pilot_n, fields, self.per_request, self.next_seed,
+                                      self.concurrency, self.deadline, True, False)
+            self.next_seed += math.ceil(self.pilot_n / self.per_request) * self.per_request
+            self.pilots[key] = counts[0]
+        c = self.pilots[key]
+        total = sum(c.values())
+        if total == 0:
+            raise AuditInputError("no pilot sample of the reference endpoint arrived within --time-limit: give "
+                                  "--samples, --prompts, --length, --top-k and --temperature, or more time")
+        return {k: v / total for k, v in c.items()}, {}
+
+    def noise_tv(self, prompt: str, cfg: SamplingConfig, paths: dict) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def _probe(client: EngineClient, prompt: str, fields: dict, seed: int, per_request: int, quiet: bool) -> int:
+    """One request with every field the audit sends (``n`` included): the endpoint answers, and how many choices
+    per request it gives (1 when it ignores ``n``)."""
+    out = client.complete(prompt, **fields, seed=seed, n=per_request)
+    if per_request > 1 and len(out["choices"]) != per_request:
+        _say(f"the {client.role} endpoint ignores `n`: one choice per request", quiet)
+        return 1
+    return per_request
+
+
+def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: Sequence[str] | None,
+                     alpha: float, target_tv: float, power: float, time_limit: float, temperature: float | None,
+                     top_k: int | None, top_p: float | None, min_p: float | None, length: int | None,
+                     penalties: dict | None, logit_bias: dict | None, n: int | None, per_request: int,
+                     concurrency: int, seed: int, tau: float | None, out_dir: str | None, quiet: bool,
+                     t_start: float | None = None) -> AuditReport:
+    """The two-sample audit of ``engine`` against the ``reference`` endpoint (the section's comment); the arguments are
+    :func:`verispec.audit.audit`'s. Errors raise :class:`AuditInputError` before any verdict."""
+    t_start = time.monotonic() if t_start is None else t_start
+    deadline = t_start + time_limit
+
+    def fields_for(length_: int, temperature_: float, top_k_: int | None) -> dict[str, Any]:
+        return request_fields(length_, temperature_, top_k_, top_p, min_p, penalties, logit_bias)
+
+    def make_cfg(t: float, k: int | None) -> SamplingConfig:
+        return _cfg(t, k, top_p, min_p, penalties, logit_bias)
+
+    fixed = temperature is not None and top_k is not None and length is not None and prompts
+    settings = [(length or 3, top_k if top_k is not None else 3, temperature if temperature is not None else 1.0)]
+    if not fixed and (temperature is None and top_k is None and length is None):
+        settings = list(AUTO_SETTINGS)
+    candidates = list(prompts) if prompts else list(AUTO_PROMPTS)
+    tau_used = tau if tau is not None else TAU_FLOOR
+
+    t_ref = time.monotonic()
+    # the reference first: it must answer (and may ignore `n`) before a pilot or the design asks anything of it
+    first_length, first_top_k, first_temperature = settings[0]
+    ref_per = _probe(reference, candidates[0], fields_for(first_length, first_temperature, first_top_k), seed,
+                     per_request, quiet)
+    pilot = SampledReference(reference, fields_for, PILOT_N, ref_per, seed + PILOT_SEED_OFFSET, concurrency, deadline)
+    if fixed:
+        design = {"length": settings[0][0], "top_k": settings[0][1], "temperature": settings[0][2],
+                  "chosen": [(p,) for p in candidates]}
+    else:
+        _say(f"choosing prompts and settings ({PILOT_N} pilot samples of the reference per candidate)", quiet)
+        design = choose_design(pilot, candidates, settings, make_cfg, None, 0, "token", target_tv, alpha, power,
+                               max_prompts=len(candidates) if prompts else 2, quiet=quiet)
+    length_used, top_k_used, temp = design["length"], design["top_k"], design["temperature"]
+    cfg = make_cfg(temp, top_k_used)
+    chosen = [c[0] for c in design["chosen"]]
+    n_needed = None
+    if n is None:
+        laws = [pilot.law(p, cfg, length_used)[0] for p in chosen]
+        n_needed, _ = stats.plan(laws, target_tv, tau_used, alpha, power, two_sample=True)
+    planned = int(n) if n is not None else int(n_needed)  # type: ignore[arg-type]
+    ref_seconds = time.monotonic() - t_ref
+    _say(f"two-sample design: {len(chosen)} prompt(s), {length_used} tokens, top_k {top_k_used}, T {temp}; "
+         f"{planned} samples per prompt on each side (tau {tau_used:.2g})", quiet)
+
+    fields = fields_for(length_used, temp, top_k_used)
+    eng_per = _probe(engine, chosen[0], fields, seed, min(per_request, planned), quiet)
+    ref_per = min(ref_per, max(1, min(per_request, planned)))
+    # seeds: the engine from `seed` (as in the log-probability modes), the reference after its last one
+    eng_span = len(chosen) * math.ceil(planned / eng_per) * eng_per
+    ref_seed = seed + eng_span
+
+    t_sample = time.monotonic()
+    stop = threading.Event()
+    _say("sampling the engine and the reference endpoint side by side", quiet)
+    with ThreadPoolExecutor(2) as pool:
+        fe = pool.submit(_sample, engine, chosen, planned, fields, eng_per, seed, concurrency, deadline, quiet, False,
+                         stop)
+        fr = pool.submit(_sample, reference, chosen, planned, fields, ref_per, ref_seed, concurrency, deadline, True,
+                         False, stop)
+        # the first failure on either side stops the other at once (no verdict on partial data)
+        wait([fe, fr], return_when=FIRST_EXCEPTION)
+        if fe.exception() is not None or fr.exception() is not None:
+            stop.set()
+        counts_e, _, extras, cut_e = fe.result()
+        counts_r, _, _, cut_r = fr.result()
+    sample_seconds = time.monotonic() - t_sample
+    n_each = min(sum(c.values()) for c in counts_e + counts_r)
+    if n_each == 0:
+        raise AuditInputError(f"no sample arrived from both endpoints within --time-limit {time_limit:.0f} s: no "
+                              f"verdict")
+    if any(sum(c.values()) != n_each for c in counts_e + counts_r):  # a cut run: the same N everywhere
+        counts_e = [_trim(c, n_each) for c in counts_e]
+        counts_r = [_trim(c, n_each) for c in counts_r]
+
+    st = stats.two_sample_test(counts_e, counts_r, tau_used, alpha, power, target_tv)
+    tv_hat, tv_lo, tv_hi = stats.tv_two_sample(counts_e, counts_r, seed=seed)
+    if st["pvalue"] < alpha:
+        verdict = "fail"
+    elif st["min_detectable_tv"] <= target_tv:
+        verdict = "pass"
+    else:
+        verdict = "underpowered"
+
+    outcomes = []
+    for ce, cr in zip(counts_e, counts_r, strict=True):
+        keys = sorted(set(ce) | set(cr), key=lambda k: (-cr.get(k, 0), -ce.get(k, 0), repr(k)))
+        outcomes.append([{"text": k[0], "ended": k[1], "count": int(ce.get(k, 0)),
+                          "reference_count": int(cr.get(k, 0)), "observed": ce.get(k, 0) / n_each,
+                          "expected": cr.get(k, 0) / n_each} for k in keys])
+    notes = [f"two-sample mode is {APPROXIMATE}"]
+    if cut_e or cut_r:
+        notes.append(f"--time-limit {time_limit:.0f} s reached after {n_each} of {planned} samples per prompt and "
+                     f"side")
+    n_total = n_each * len(chosen)
+    report = AuditReport(
+        verdict=verdict,
+        engine={"base_url": engine.base, "model": engine.model, "fields": fields, "extra_body": engine.extra_body},
+        reference={"mode": "two-sample", "name": f"{reference.base} ({reference.model})", "logprobs": None,
+                   "exact": APPROXIMATE},
+        settings={"length": length_used, "temperature": temp, "top_k": top_k_used, "top_p": top_p, "min_p": min_p,
+                  "penalties": penalties or {}, "logit_bias": logit_bias or {},
+                  "law": "target law (lossless), as the reference endpoint samples it"},
+        prompts=chosen,
+        test={"name": "chi-square test of homogeneity of the engine's and the reference endpoint's samples (2 x B "
+                      "table per prompt, bins from the pooled counts, expected counts >= 5) under the tolerance "
+                      "null TV <= tau (noncentral)",
+              "alpha": alpha, "tau": tau_used, "lambda0": st["lambda0"], "df": st["df"], "x2": st["x2"],
+              "p_chi_square": st["pvalue"], "pvalue": st["pvalue"], "bins": [len(b.probs) for b in st["bins"]],
+              "bin_floor": st["bin_floor"], "pooled_mass": st["pooled_mass"], "n_eff": st["n_eff"]},
+        power={"target_tv": target_tv, "power_goal": power, "power_at_target_tv": st["power_at_target_tv"],
+               "min_detectable_tv": st["min_detectable_tv"], "n_needed_per_prompt": n_needed,
+               "method": "noncentral chi-square approximation at the least favourable alternative of each TV "
+                         "(Cauchy-Schwarz: noncentrality >= 4 n_eff TV^2, n_eff = N_engine N_reference / (N_engine "
+                         "+ N_reference) per prompt), from the run's bins; computed, not simulated"},
+        tv={"estimate": tv_hat, "ci95": [tv_lo, tv_hi],
+            "method": f"plug-in TV between the two empirical laws (mean over prompts), basic bootstrap interval "
+                      f"(2000 multinomial resamples of both sides, seed {seed})"},
+        n={"planned_per_prompt": planned, "per_prompt": n_each, "total": n_total, "reference_total": n_total,
+           "per_request": eng_per, "reference_per_request": ref_per,
+           "pilot_per_prompt": PILOT_N if pilot.pilots else 0},
+        seconds={"total": time.monotonic() - t_start, "reference": ref_seconds, "sampling": sample_seconds,
+                 "samples_per_s": 2 * n_total / max(sample_seconds, 1e-9)},
+        outcomes=outcomes,
+        logprobs=None,
+        acceptance=_acceptance(extras),
+        notes=notes,
+    )
+    _say(f"verdict {verdict}: p = {st['pvalue']:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, "
+         f"{tv_hi:.3f}] between the two samples, N {n_total} per side, smallest TV detectable with power {power}: "
+         f"{st['min_detectable_tv']:.3f} (two-sample: approximate)", quiet)
     if out_dir is not None:
         write_report(report, out_dir)
     return report

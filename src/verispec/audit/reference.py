@@ -232,7 +232,9 @@ class UrlReference:
         top = (lp or {}).get("top_logprobs") if isinstance(lp, dict) else None
         if not top or not isinstance(top[0], dict):
             raise AuditInputError(f"the reference endpoint {self.client.base} returned no top logprobs for "
-                                  f"`logprobs: {self.TOP}` (field `logprobs` missing): give --reference-model instead")
+                                  f"`logprobs: {self.TOP}` (field `logprobs` missing): give --reference-model instead "
+                                  f"(exact), or add --two-sample to sample the endpoint and compare the two samples "
+                                  f"(approximate)")
         entries = {str(k): float(v) for k, v in top[0].items() if v is not None}
         self.cache[key] = entries
         return entries

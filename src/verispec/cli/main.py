@@ -631,7 +631,12 @@ def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
 @click.option("--reference-model", default=None, metavar="GGUF|NAME|DIR",
               help="Reference: the same weights as a GGUF or registered name (llama.cpp) or an HF directory.")
 @click.option("--reference-url", default=None, help="Reference: an endpoint of the same model without speculation "
-              "(its top logprobs are read).")
+              "(its top logprobs are read; with --two-sample it is sampled instead).")
+@click.option("--two-sample", is_flag=True,
+              help="With --reference-url: read no logprobs; sample the reference endpoint like the engine (same "
+                   "prompts and settings, distinct seeds) and test homogeneity of the two samples. For endpoints "
+                   "without logprobs. Approximate (no exact law) and about 4x the requests for the same power; "
+                   "never chosen automatically.")
 @click.option("--reference-logprobs", type=click.Choice(["auto", "processed", "raw"]), default="auto",
               show_default=True, help="Whether --reference-url reports processed (verispec) or raw (vLLM) logprobs.")
 @click.option("--reference-draft", default=None, metavar="GGUF|NAME|DIR",
@@ -670,7 +675,7 @@ def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
               help="Top-k boundary logit gap below which a prompt is refused (default 0.1).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line (last on stdout); progress on stderr.")
-def audit(base_url: str, model: str, reference_model: str | None, reference_url: str | None,
+def audit(base_url: str, model: str, reference_model: str | None, reference_url: str | None, two_sample: bool,
           reference_logprobs: str, reference_draft: str | None, api_key: str | None, prompts_file: str | None,
           alpha: float, target_tv: float, power: float, time_limit: float, n: int | None,
           temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
@@ -679,7 +684,10 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
           seed: int, tau: float | None, tie_gap: float | None, out_dir: str | None, as_json: bool) -> None:
     """Audit an engine's sampling (speculative or not) through its OpenAI API against the exact law of short
     continuations: verdict pass / fail / underpowered with the p-value, the TV and its CI, and the smallest TV the
-    run could detect. Exit status 0 pass, 1 fail, 2 underpowered, 3 no verdict (docs/audit.md)."""
+    run could detect. The exact law comes from --reference-model, or from --reference-url's logprobs; with
+    --reference-url and --two-sample (an endpoint without logprobs) the reference endpoint is sampled too and the
+    two samples are compared (approximate). Exit status 0 pass, 1 fail, 2 underpowered, 3 no verdict
+    (docs/audit.md)."""
     import sys
 
     from verispec.audit import AuditInputError
@@ -711,7 +719,8 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
             penalties=penalties or None, logit_bias=_json_option(logit_bias, "--logit-bias"),
             verification=_json_option(verification, "--verification"), gamma=gamma,
             extra_body=_json_option(extra_body, "--extra-body"), check_logprobs=check_logprobs,
-            concurrency=concurrency, per_request=per_request, seed=seed, tau=tau, tie_gap=tie_gap, out_dir=out_dir)
+            concurrency=concurrency, per_request=per_request, seed=seed, tau=tau, tie_gap=tie_gap,
+            two_sample=two_sample, out_dir=out_dir)
     except (AuditInputError, ValueError) as exc:
         no_verdict(str(exc))
         return
@@ -720,10 +729,13 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
         click.echo(json.dumps(d, default=str, separators=(",", ":")))
     else:
         t, pw, tv = d["test"], d["power"], d["tv"]
-        click.echo(f"verdict: {d['verdict']}\np-value: {t['pvalue']:.3g} (alpha {t['alpha']:g}, tau {t['tau']:.2g})\n"
-                   f"TV: {tv['estimate']:.4f} [{tv['ci95'][0]:.4f}, {tv['ci95'][1]:.4f}]\n"
-                   f"N: {d['n']['total']}; smallest TV detectable with power {pw['power_goal']}: "
-                   f"{pw['min_detectable_tv']:.4f}")
+        two = d["reference"]["mode"] == "two-sample"
+        click.echo(f"verdict: {d['verdict']}{' (two-sample: approximate, no exact law)' if two else ''}\n"
+                   f"p-value: {t['pvalue']:.3g} (alpha {t['alpha']:g}, tau {t['tau']:.2g})\n"
+                   f"TV{' between the two samples' if two else ''}: {tv['estimate']:.4f} [{tv['ci95'][0]:.4f}, "
+                   f"{tv['ci95'][1]:.4f}]\n"
+                   f"N: {d['n']['total']}{' on each side' if two else ''}; smallest TV detectable with power "
+                   f"{pw['power_goal']}: {pw['min_detectable_tv']:.4f}")
     sys.exit(report.exit_code)
 
 
