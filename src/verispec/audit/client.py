@@ -7,6 +7,7 @@ malformed answer) and what would work instead; the audit stops there and reaches
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -110,6 +111,11 @@ class EngineClient:
         if err.code == 404:
             return AuditInputError(f"the {self.role} endpoint answered 404 ({message}): check --model "
                                    f"{self.model!r} and the URL {self.base}")
-        field = param if param in body else next((f for f in _FIELDS if f in body and f in str(message)), param)
+        if err.code >= 500:  # the engine failed on a request it accepted: a defect to report, not a refused field
+            return AuditInputError(f"the {self.role} endpoint failed on a valid request ({err.code}: {message}); "
+                                   f"the request was {json.dumps(body)[:300]}")
+        # a field is named where the error names it as a word ("n" must not match every message's letters)
+        field = param if param in body else next((f for f in _FIELDS if f in body
+                                                  and re.search(rf"\b{re.escape(f)}\b", str(message))), param)
         named = f"field `{field}`" if field else "the request"
         return AuditInputError(f"the {self.role} endpoint refused {named} ({err.code}: {message}){_advice(field)}")
