@@ -115,6 +115,17 @@ def _spread(law: dict[Outcome, float]) -> float:
     return 1.0 / sum(v * v for v in law.values())
 
 
+def _settings(prompts: Sequence[str] | None, temperature: float | None, top_k: int | None,
+              length: int | None) -> tuple[bool, list[tuple[int, int, float]], list[str]]:
+    """(fixed design?, the (length, top_k, temperature) settings to try, the candidate prompts): everything given
+    fixes the design; nothing given tries :data:`AUTO_SETTINGS`; a part given fills the rest with defaults."""
+    fixed = bool(temperature is not None and top_k is not None and length is not None and prompts)
+    settings = [(length or 3, top_k if top_k is not None else 3, temperature if temperature is not None else 1.0)]
+    if not fixed and (temperature is None and top_k is None and length is None):
+        settings = list(AUTO_SETTINGS)
+    return fixed, settings, list(prompts) if prompts else list(AUTO_PROMPTS)
+
+
 def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int, int, float]], make_cfg: Callable,
                   rule: _rules.Rule | None, gamma: int, verifier: str, target_tv: float, alpha: float,
                   power: float, max_prompts: int = 2, quiet: bool = True) -> dict:
@@ -361,11 +372,7 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)
 
-    fixed = temperature is not None and top_k is not None and length is not None and prompts
-    settings = [(length or 3, top_k if top_k is not None else 3, temperature if temperature is not None else 1.0)]
-    if not fixed and (temperature is None and top_k is None and length is None):
-        settings = list(AUTO_SETTINGS)
-    candidates = list(prompts) if prompts else list(AUTO_PROMPTS)
+    fixed, settings, candidates = _settings(prompts, temperature, top_k, length)
     if fixed:
         cfg = make_cfg(settings[0][2], settings[0][1])
         chosen = [(p, *ref.law(p, cfg, settings[0][0], rule, gamma or 0, verifier)) for p in candidates]
@@ -580,11 +587,7 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)
 
-    fixed = temperature is not None and top_k is not None and length is not None and prompts
-    settings = [(length or 3, top_k if top_k is not None else 3, temperature if temperature is not None else 1.0)]
-    if not fixed and (temperature is None and top_k is None and length is None):
-        settings = list(AUTO_SETTINGS)
-    candidates = list(prompts) if prompts else list(AUTO_PROMPTS)
+    fixed, settings, candidates = _settings(prompts, temperature, top_k, length)
     tau_used = tau if tau is not None else TAU_FLOOR
 
     t_ref = time.monotonic()
