@@ -87,6 +87,11 @@ def test_correct_engines_pass(server, reference, fields, declared):
     assert rep.test["pvalue"] > ALPHA and rep.test["impossible_samples"] == 0
     assert rep.power["min_detectable_tv"] <= 0.15 and rep.n["total"] == 1000
     assert rep.tv["ci95"][0] <= rep.tv["estimate"] <= rep.tv["ci95"][1]
+    # the engine's drafts are summed over every choice (16 per request here), and an engine that did not
+    # speculate is said to have been certified on its plain path
+    speculated = (fields.get("speculative") or {}).get("gamma", declared.get("gamma", 0)) > 0
+    assert (rep.acceptance["drafted"] >= rep.n["total"]) == speculated, rep.acceptance
+    assert any("hardly exercised" in note for note in rep.notes) != speculated, rep.notes
 
 
 def test_declared_lossy_rule_passes_against_its_induced_law(server, reference):
@@ -294,6 +299,46 @@ def test_cli_two_sample_pilot_plan_report_and_bad_input(server, tmp_path):
 
 
 # -- the statistics ------------------------------------------------------------------------------------------------
+
+
+class _BatchDependent:
+    """A backend whose logits move with the batch: a row scored beside other rows gets +0.3 on token 5 (what
+    quantized kernels over a shared cache do, by a measured 0.03-0.07 logits)."""
+
+    def __init__(self, inner: HFBackend) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def score(self, requests):
+        out = self.inner.score(requests)
+        if len(requests) > 1:
+            out = [o.clone() for o in out]
+            for o in out:
+                o[:, 5] += 0.3
+        return out
+
+
+def test_noise_is_measured_per_batch_shape_and_does_not_depend_on_the_cache():
+    """The reference's noise: every shape measured, each from an empty cache (scoring another prompt between two
+    measurements changes nothing); float32 on one model gives TV < 1e-6 in every shape, and a backend whose logits
+    move with the batch is caught by the shape that batches other rows, which then sets tau."""
+    from verispec.audit.core import TAU_FLOOR, tolerance
+    from verispec.core.sampling import SamplingConfig
+
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    ref = _reference()
+    first = dict(ref.noise_by_shape("the cat", cfg, 2))
+    assert set(first) == {"whole path", "one token per step", "beside other rows"}
+    assert max(first.values()) < 1e-6 and tolerance(max(first.values())) == TAU_FLOOR
+    ref.law("a dog", cfg, 3)
+    ref.noise.clear()
+    assert ref.noise_by_shape("the cat", cfg, 2) == first
+    moved = ModelReference(_BatchDependent(HFBackend(tiny_qwen(1, logit_scale=8.0))), ToyTokenizer(), [], "toy")
+    shapes = moved.noise_by_shape("the cat", cfg, 2)
+    assert shapes["whole path"] < 1e-6 and shapes["beside other rows"] > 1e-3
+    assert tolerance(moved.noise_tv("the cat", cfg, {(0, 0): 1.0})) > TAU_FLOOR
 
 
 def test_tolerance_null_is_calibrated_at_its_least_favourable_law():

@@ -45,11 +45,14 @@ AUTO_PROMPTS = (
     "import numpy as np\nimport",
     "x = [1, 2, 3]\nprint(",
 )
-#: tolerance: tau = max(TAU_FLOOR, TAU_SAFETY x the measured float noise of the reference)
+#: tolerance: tau = max(TAU_FLOOR, TAU_SAFETY x the measured float noise of the reference). The noise is the
+#: largest TV over the batch shapes measured (ModelReference.noise_by_shape); an engine's law is a mixture over
+#: the shapes it runs and TV is convex, so its distance is at most the largest shape's: the factor 2 covers
+#: shapes not measured (more rows, longer neighbours).
 TAU_FLOOR = 1e-3
-TAU_SAFETY = 10.0
-#: the automatic design skips a prompt whose reference law moves by more than this TV between two batch shapes
-#: (quantized llama.cpp kernels moved some prompts' 2-token laws by TV 0.007-0.035, others by 1e-16)
+TAU_SAFETY = 2.0
+#: the automatic design prefers prompts whose reference law moves by at most this TV between batch shapes (a
+#: float32 transformers reference: about 1e-7; quantized llama.cpp kernels over a shared cache: 0.002-0.02)
 NOISE_MAX = 1e-4
 #: the automatic design's sampling settings, tried in order (length, top_k, temperature)
 AUTO_SETTINGS = ((3, 2, 1.0), (2, 3, 1.0), (3, 3, 1.0))
@@ -130,9 +133,10 @@ def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int
                   rule: _rules.Rule | None, gamma: int, verifier: str, target_tv: float, alpha: float,
                   power: float, max_prompts: int = 2, quiet: bool = True) -> dict:
     """Pick (length, top_k, temperature) and up to ``max_prompts`` prompts whose reference laws are spread over
-    several continuations (largest outcome <= 0.6, effective number of outcomes 1 / sum p^2 >= 3), clear of
-    top-k near-ties and numerically stable (:data:`NOISE_MAX`): of every setting, the design that needs the
-    fewest samples (:func:`stats.plan`) for ``target_tv``. Returns the chosen laws and the plan."""
+    several continuations (largest outcome <= 0.6, effective number of outcomes 1 / sum p^2 >= 3) and clear of
+    top-k near-ties: of every setting, the design that needs the fewest samples (:func:`stats.plan`) for
+    ``target_tv`` under its own tolerance (:func:`tolerance` of the chosen prompts' measured noise), so a
+    numerically stable prompt wins over a noisy one. Returns the chosen laws and the plan."""
     best: dict | None = None
     for length, top_k, temperature in settings:
         cfg = make_cfg(temperature, top_k)
@@ -142,22 +146,22 @@ def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int
             law, paths = ref.law(prompt, cfg, length, rule, gamma, verifier)
             if len(ref.ties) > ties_before:
                 _say(f"skipping {prompt!r}: a near-tie at the top-k boundary", quiet)
+                del ref.ties[ties_before:]  # a skipped prompt's ties say nothing about the audited ones
                 continue
             if max(law.values()) <= 0.6 and _spread(law) >= 3:
                 noise = ref.noise_tv(prompt, cfg, paths)
                 if noise > NOISE_MAX:
-                    _say(f"skipping {prompt!r}: the reference's law moves by TV {noise:.2g} with the batch shape",
-                         quiet)
-                    continue
-                good.append((prompt, law, paths))
+                    _say(f"{prompt!r}: the reference's law moves by TV {noise:.2g} with the batch shape", quiet)
+                good.append((prompt, law, paths, noise))
         if not good:
             continue
-        good.sort(key=lambda g: -_spread(g[1]))
+        good.sort(key=lambda g: (g[3] > NOISE_MAX, g[3] if g[3] > NOISE_MAX else 0.0, -_spread(g[1])))
         for j in range(1, min(max_prompts, len(good)) + 1):
             chosen = good[:j]
-            n, _ = stats.plan([g[1] for g in chosen], target_tv, TAU_FLOOR, alpha, power)
-            cand = {"length": length, "top_k": top_k, "temperature": temperature, "chosen": chosen,
-                    "n_per_prompt": n, "n_total": n * j}
+            n, _ = stats.plan([g[1] for g in chosen], target_tv, tolerance(max(g[3] for g in chosen)), alpha,
+                              power)
+            cand = {"length": length, "top_k": top_k, "temperature": temperature,
+                    "chosen": [g[:3] for g in chosen], "n_per_prompt": n, "n_total": n * j}
             # one more prompt is worth up to 20% more samples (a defect may show in one context only)
             if best is None or cand["n_total"] < best["n_total"] * (1.2 if j > len(best["chosen"]) else 1.0):
                 best = cand
@@ -165,6 +169,11 @@ def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int
         raise AuditInputError("no candidate prompt has a reference law spread over several continuations at the "
                               "automatic settings: give --prompts, --temperature and --top-k")
     return best
+
+
+def tolerance(noise: float) -> float:
+    """tau of the null TV <= tau: max(:data:`TAU_FLOOR`, :data:`TAU_SAFETY` x the measured noise)."""
+    return max(TAU_FLOOR, TAU_SAFETY * noise)
 
 
 def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields: dict, per_request: int,
@@ -275,12 +284,24 @@ def _logprob_errors(ref: Any, prompts: list[str], cfg: SamplingConfig, lps: list
     return {"max_abs_error": worst, "tokens_checked": checked, "samples_unmatched": unmatched}
 
 
+def _speculation_note(acceptance: dict | None, tokens: int) -> list[str]:
+    """A note when the engine reports that it hardly speculated: the verdict then certifies mostly its plain
+    sampling path (an engine that picks its own draft length may choose none for short requests)."""
+    if not acceptance or tokens <= 0 or acceptance["drafted"] >= 0.1 * tokens:
+        return []
+    return [f"the engine reported {acceptance['drafted']} drafted tokens for about {tokens} generated: its "
+            f"speculative path was hardly exercised; force speculation (--gamma) to certify it"]
+
+
 def _acceptance(extras: list[dict]) -> dict | None:
-    drafted = sum(int((e.get("metrics") or {}).get("drafted") or 0) for e in extras)
-    accepted = sum(int((e.get("metrics") or {}).get("accepted") or 0) for e in extras)
+    """The engine's reported drafts and acceptances, summed over every choice (a response with ``n`` choices
+    carries ``per_choice`` metrics beside the first choice's)."""
+    metrics = [m or {} for e in extras for m in (e.get("per_choice") or [e.get("metrics")])]
+    drafted = sum(int(m.get("drafted") or 0) for m in metrics)
+    accepted = sum(int(m.get("accepted") or 0) for m in metrics)
     per_pos: list[list[float]] = []
-    for e in extras:
-        a = (e.get("metrics") or {}).get("acceptance_per_position")
+    for m in metrics:
+        a = m.get("acceptance_per_position")
         if isinstance(a, list):
             per_pos.append([float(x) for x in a if x is not None])
     if not extras:
@@ -393,7 +414,7 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     laws = [c[1] for c in design["chosen"]]
     paths = [c[2] for c in design["chosen"]]
     noise = max(ref.noise_tv(p, cfg, pa) for p, pa in zip(chosen_prompts, paths, strict=True))
-    tau_used = tau if tau is not None else max(TAU_FLOOR, TAU_SAFETY * noise)
+    tau_used = tau if tau is not None else tolerance(noise)
     n_needed, min_prob = stats.plan(laws, target_tv, tau_used, alpha, power)
     planned = int(n) if n is not None else n_needed
     ref_seconds = time.monotonic() - t_ref
@@ -453,8 +474,8 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     if cut:
         notes.append(f"--time-limit {time_limit:.0f} s reached after {n_each} of {planned} samples per prompt")
     if ref.ties:
-        notes.append(f"{len(ref.ties)} near-tie(s) at the top-k boundary in the reference (logit gap < 0.02): "
-                     f"float noise there can move mass between continuations")
+        notes.append(f"{len(ref.ties)} near-tie(s) at the top-k boundary in the reference (logit gap < "
+                     f"{ref.tie_gap:g}): float noise there can move mass between continuations")
     report = AuditReport(
         verdict=verdict,
         engine={"base_url": engine.base, "model": model, "fields": fields, "extra_body": body_extra},
@@ -470,7 +491,10 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
         prompts=chosen_prompts,
         test={"name": "chi-square goodness of fit under the tolerance null TV <= tau (noncentral), Bonferroni with "
                       "a binomial test of zero-probability continuations",
-              "alpha": alpha, "tau": tau_used, "tau_measured_noise": noise, "lambda0": lam0, "df": df, "x2": x2,
+              "alpha": alpha, "tau": tau_used, "tau_measured_noise": noise,
+              "noise_by_shape": ({p: ref.noise_by_shape(p, cfg, length) for p in chosen_prompts}
+                                 if hasattr(ref, "noise_by_shape") else None),
+              "lambda0": lam0, "df": df, "x2": x2,
               "p_chi_square": p_chi, "impossible_samples": m_imp, "p_impossible": p_imp, "pvalue": pvalue,
               "bins": [len(b.probs) for b in bins], "bin_floor": min_prob, "pooled_mass": pooled},
         power={"target_tv": target_tv, "power_goal": power, "power_at_target_tv": pow_at,
@@ -482,7 +506,7 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
         outcomes=outcomes,
         logprobs=_logprob_errors(ref, chosen_prompts, cfg, lps, paths) if check_logprobs else None,
         acceptance=_acceptance(extras),
-        notes=notes,
+        notes=notes + _speculation_note(_acceptance(extras), n_total * length),
     )
     _say(f"verdict {verdict}: p = {pvalue:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, {tv_hi:.3f}], "
          f"N {n_total}, smallest TV detectable with power {power}: {mdt:.3f}", quiet)
@@ -696,7 +720,7 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
         outcomes=outcomes,
         logprobs=None,
         acceptance=_acceptance(extras),
-        notes=notes,
+        notes=notes + _speculation_note(_acceptance(extras), n_total * length_used),
     )
     _say(f"verdict {verdict}: p = {st['pvalue']:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, "
          f"{tv_hi:.3f}] between the two samples, N {n_total} per side, smallest TV detectable with power {power}: "

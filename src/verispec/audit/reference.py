@@ -51,6 +51,8 @@ EOS_PIECES = frozenset({"<|endoftext|>", "<|im_end|>", "</s>", "<|eot_id|>", "<|
 #: swapped two tokens 0.023 apart (a false fail); quantized kernels moved some prompts' laws by TV up to 0.035
 #: between batch shapes. Two float32 runs of the same transformers model agree far closer (tie_gap 1e-6 there).
 TIE_GAP = 0.1
+#: rows the reference's backend holds: the audited row and the two others of the ``beside other rows`` shape
+NOISE_ROWS = 3
 
 
 def fold(paths: dict[tuple, float], is_end: Callable[[Hashable], bool],
@@ -81,11 +83,12 @@ class ModelReference:
     logprobs_kind = "computed"
 
     def __init__(self, backend: Any, tokenizer: Any, eos_ids: list[int], name: str,
-                 draft: ModelReference | None = None) -> None:
+                 draft: ModelReference | None = None, max_rows: int = NOISE_ROWS) -> None:
         self.backend, self.tokenizer, self.eos_ids = backend, tokenizer, set(eos_ids)
-        self.name, self.draft = name, draft
+        self.name, self.draft, self.max_rows = name, draft, max_rows
         self.row = backend.add_row()
         self.cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self.noise: dict[tuple, dict[str, float]] = {}
         self.ties: list[tuple[tuple[int, ...], float]] = []
         self.tie_gap = TIE_GAP
 
@@ -98,8 +101,10 @@ class ModelReference:
         drafted = cls.load(draft, threads) if draft else None
         if key.endswith(".gguf") or not os.path.isdir(key):
             try:
-                backend, tok, _, eos = load_llamacpp_target(key, threads=threads or 1, n_ctx=512, max_rows=1)
-                return cls(backend, tok, eos, f"{os.path.basename(key)} (llama.cpp)", drafted)
+                backend, tok, _, eos = load_llamacpp_target(key, threads=threads or 1, n_ctx=512,
+                                                            max_rows=NOISE_ROWS)
+                return cls(backend, tok, eos, f"{os.path.basename(key)} (llama.cpp)", drafted,
+                           max_rows=NOISE_ROWS)
             except ImportError as exc:
                 if key.endswith(".gguf"):
                     raise AuditInputError(f"--reference-model {key}: llama.cpp is not installed ({exc}); give an "
@@ -125,11 +130,20 @@ class ModelReference:
         except TypeError:
             return str(self.tokenizer.decode(list(ids)))
 
+    def _score_fresh(self, ids: list[int], proposal: list[int] | None = None) -> torch.Tensor:
+        """One forward of ``ids`` (+ ``proposal``) from an empty cache, so that its batch shape, and with it the
+        result, depends on the tokens only, never on what the backend held before (a reused prefix is another
+        batch shape, and quantized kernels round differently for another shape)."""
+        self.backend.reset()
+        self.row = self.backend.add_row()
+        req = ScoreRequest(self.row, ids, proposal) if proposal is not None else ScoreRequest(self.row, ids)
+        return self.backend.score([req])[0]
+
     def logits(self, prefix: tuple[int, ...]) -> torch.Tensor:
-        """Raw next-token logits after ``prefix`` (float64), one cached backend call per prefix."""
+        """Raw next-token logits after ``prefix`` (float64): one forward of the whole prefix from an empty cache,
+        cached per prefix."""
         if prefix not in self.cache:
-            out = self.backend.score([ScoreRequest(self.row, list(prefix))])[0]
-            self.cache[prefix] = out[0].to(torch.float64)
+            self.cache[prefix] = self._score_fresh(list(prefix))[0].to(torch.float64)
         return self.cache[prefix]
 
     def dist_fn(self, prompt: tuple[int, ...], cfg: SamplingConfig) -> Callable[[tuple[int, ...]], torch.Tensor]:
@@ -171,24 +185,73 @@ class ModelReference:
         return fold(paths, lambda t: t in self.eos_ids, self.decode), paths
 
     def noise_tv(self, prompt: str, cfg: SamplingConfig, paths: dict[tuple, float]) -> float:
-        """TV between the lossless path law computed one prefix at a time (cached, one token per forward) and
-        recomputed with every path in one forward over the whole path (another batch shape): the reference's
-        float noise, the measured part of the tolerance. ``paths``: any path law of the continuations (its length
-        is taken from it; a lossy rule's law is replaced by the target's)."""
-        length = max((len(k) for k in paths), default=0)
-        paths = self.paths(self.encode(prompt), cfg, length)
-        prompt_ids = tuple(self.encode(prompt))
-        other: dict[tuple, float] = {}
-        for path in paths:
-            logits = self.backend.score([ScoreRequest(self.row, list(prompt_ids), list(path[:-1]))])[0]
-            prob = 1.0
+        """The reference's float noise, the measured part of the tolerance: the largest TV between the lossless
+        path law as computed (one forward of prompt + prefix per prefix, from an empty cache) and the same law
+        computed under another batch shape (:meth:`noise_by_shape`). Measured once per (prompt, settings, length)
+        and kept. ``paths``: any path law of the continuations (its length is taken from it; a lossy rule's law
+        is replaced by the target's)."""
+        return max(self.noise_by_shape(prompt, cfg, max((len(k) for k in paths), default=0)).values())
+
+    def noise_by_shape(self, prompt: str, cfg: SamplingConfig, length: int) -> dict[str, float]:
+        """TV between the computed law and the law under each of these batch shapes, every one from an empty
+        cache so that the value depends on the tokens alone: ``whole path`` (one forward over prompt + path),
+        ``one token per step`` (the prompt, then one token per forward, as an engine decodes) and ``beside other
+        rows`` (each prefix in one batch with other sequences, as a server batches requests: quantized llama.cpp
+        kernels over a shared cache moved a law by TV up to 0.019 this way, while a row alone moved by 0). An
+        engine's law is a mixture over the shapes it ran, and TV is convex, so its distance from the reference
+        is at most the largest distance of those shapes."""
+        key = (prompt, length, cfg)
+        if key in self.noise:
+            return self.noise[key]
+        prompt_ids = list(self.encode(prompt))
+        paths = self.paths(prompt_ids, cfg, length)
+        def prob(path: tuple[int, ...], logits_at: Callable[[int], torch.Tensor]) -> float:
+            out = 1.0
             for i, tok in enumerate(path):
-                hist = (History.of(list(prompt_ids), list(path[:i]), logits.shape[-1]) if cfg.uses_history
-                        else None)
-                prob *= float(process(logits[i].to(torch.float64), cfg, hist)[tok])
-            other[path] = prob
-        total = sum(other.values())
-        return 0.5 * sum(abs(paths[k] - other[k] / max(total, 1e-300)) for k in paths) + 0.5 * abs(1 - total)
+                raw = logits_at(i).to(torch.float64)
+                hist = History.of(prompt_ids, list(path[:i]), raw.shape[-1]) if cfg.uses_history else None
+                out *= float(process(raw, cfg, hist)[tok])
+            return out
+
+        def whole(path: tuple[int, ...]) -> float:
+            logits = self._score_fresh(prompt_ids, list(path[:-1]))
+            return prob(path, lambda i: logits[i])
+
+        def stepwise(path: tuple[int, ...]) -> float:
+            self.backend.reset()
+            self.row = self.backend.add_row()
+            steps = [prompt_ids + list(path[:i]) for i in range(len(path))]
+            return prob(path, lambda i: self.backend.score([ScoreRequest(self.row, steps[i])])[0][0])
+
+        def beside(path: tuple[int, ...]) -> float:
+            # the other rows: a shorter and a longer context than the audited one, in the same forward
+            others = [prompt_ids[:1], prompt_ids + prompt_ids[::-1]]
+            cache: dict[int, torch.Tensor] = {}
+
+            def at(i: int) -> torch.Tensor:
+                if i not in cache:
+                    self.backend.reset()
+                    rows = [self.backend.add_row() for _ in range(1 + len(others))]
+                    self.row = rows[0]
+                    reqs = [ScoreRequest(rows[0], prompt_ids + list(path[:i]))]
+                    reqs += [ScoreRequest(r, o) for r, o in zip(rows[1:], others, strict=True)]
+                    cache[i] = self.backend.score(reqs)[0][0]
+                return cache[i]
+            return prob(path, at)
+
+        shapes = {"whole path": whole, "one token per step": stepwise}
+        if self.max_rows > 2:
+            shapes["beside other rows"] = beside
+        result = {}
+        for name, fn in shapes.items():
+            other = {path: fn(path) for path in paths}
+            total = sum(other.values())
+            result[name] = (0.5 * sum(abs(paths[k] - other[k] / max(total, 1e-300)) for k in paths)
+                            + 0.5 * abs(1 - total))
+        self.backend.reset()
+        self.row = self.backend.add_row()
+        self.noise[key] = result
+        return result
 
     def piece(self, tok: int) -> str:
         """One token's own decoding (what an endpoint's logprobs call it)."""
