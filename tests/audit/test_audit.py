@@ -303,7 +303,7 @@ def test_cli_two_sample_pilot_plan_report_and_bad_input(server, tmp_path):
 
 class _BatchDependent:
     """A backend whose logits move with the batch: a row scored beside other rows gets +0.3 on token 5 (what
-    quantized kernels over a shared cache do, by a measured 0.03-0.07 logits)."""
+    quantized kernels batching rows together do, by a measured 0.03-0.07 logits)."""
 
     def __init__(self, inner: HFBackend) -> None:
         self.inner = inner

@@ -52,7 +52,7 @@ AUTO_PROMPTS = (
 TAU_FLOOR = 1e-3
 TAU_SAFETY = 2.0
 #: the automatic design prefers prompts whose reference law moves by at most this TV between batch shapes (a
-#: float32 transformers reference: about 1e-7; quantized llama.cpp kernels over a shared cache: 0.002-0.02)
+#: float32 transformers reference: about 1e-7; quantized llama.cpp kernels batching rows together: 0.002-0.02)
 NOISE_MAX = 1e-4
 #: the automatic design's sampling settings, tried in order (length, top_k, temperature)
 AUTO_SETTINGS = ((3, 2, 1.0), (2, 3, 1.0), (3, 3, 1.0))

@@ -197,7 +197,7 @@ class ModelReference:
         cache so that the value depends on the tokens alone: ``whole path`` (one forward over prompt + path),
         ``one token per step`` (the prompt, then one token per forward, as an engine decodes) and ``beside other
         rows`` (each prefix in one batch with other sequences, as a server batches requests: quantized llama.cpp
-        kernels over a shared cache moved a law by TV up to 0.019 this way, while a row alone moved by 0). An
+        kernels batching the rows together moved a law by TV up to 0.019 this way, while a row alone moved by 0). An
         engine's law is a mixture over the shapes it ran, and TV is convex, so its distance from the reference
         is at most the largest distance of those shapes."""
         key = (prompt, length, cfg)
