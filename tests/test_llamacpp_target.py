@@ -29,6 +29,8 @@ pytestmark = pytest.mark.real
 
 LOGIT_TOL = 1.0  # batch-shape tolerance of llama.cpp's logits (see tests/backends/test_llamacpp_backend.py)
 T = REAL_THREADS  # llama.cpp threads: the laws are compared within one engine
+#: rows of the module's engine: the sampled-law tests run 16 rows per batch (about 1.5x the samples per second of 8)
+ROWS = 16
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def engine() -> Engine:
     for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
         if not models.gguf_path(name).is_file() or not models.is_installed(name):
             pytest.skip(f"{name} not installed (verispec models install)")
-    return load_engine(drafter="none", target_backend="llamacpp", threads=T, cache=False)
+    return load_engine(drafter="none", target_backend="llamacpp", threads=T, cache=False, max_rows=ROWS)
 
 
 def test_load_engine_llamacpp_target(engine):
@@ -49,7 +51,7 @@ def test_load_engine_llamacpp_target(engine):
         load_engine(drafter="tree", target_backend="llamacpp", cache=False)
     with pytest.raises(ValueError, match="target backend"):
         load_engine(drafter="none", target_backend="vllm", cache=False)
-    assert engine.max_rows == t.max_rows == 8  # llama.cpp sequences, allocated up front
+    assert engine.max_rows == t.max_rows == ROWS  # llama.cpp sequences, allocated up front
     wide = load_engine(drafter="llamacpp", target_backend="llamacpp", threads=T, cache=False, max_rows=12)
     assert wide.max_rows == wide.target.max_rows == wide.drafter.backend.max_rows == 12
     del wide
@@ -175,14 +177,15 @@ def _pooled_chisquare(exact: dict, outs: list) -> float:
 def test_sampled_law_is_the_llamacpp_target_law(engine):
     """Lossless speculative sampling with the llama.cpp target and the llama.cpp draft (gamma 2, T = 1, top_k 2),
     whole 2-token continuations: chi-square goodness of fit to the target's exact law (its own processed
-    llama.cpp distributions), N = 600 continuations (seeds 0..N-1, 8 rows per batch), alpha = 1e-4, bins with
+    llama.cpp distributions), N = 600 continuations (seeds 0..N-1, 16 rows per batch), alpha = 1e-4, bins with
     expected count < 5 pooled, hard failure on a zero-probability sample. The test can fail: the exact law of the
     wrong rule (naive resampling) on the same pair is far enough that this N rejects it with power > 0.99."""
     from verispec.analysis import sequence_distribution
 
     cfg = SamplingConfig(temperature=1.0, top_k=2)
     prompt = tuple(engine.encode("Name a prime number.", chat=True))
-    d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
+    d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T,
+                      max_rows=ROWS)
     # q's support may move (no gap check): the verifier gets the q it drew from
     with _dist_fn(engine.target, cfg) as p_fn, _dist_fn(d.backend, cfg, check_gap=False) as q_fn:
         exact = sequence_distribution("lossless", p_fn, q_fn, 2, 2, prompt)
@@ -195,7 +198,7 @@ def test_sampled_law_is_the_llamacpp_target_law(engine):
 
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
     outs = spec.generate([list(prompt)] * N_SEQ, sampling=cfg, gamma=2, max_new_tokens=2, seed=list(range(N_SEQ)),
-                         batch_size=8)
+                         batch_size=ROWS)
     pvalue = _pooled_chisquare(exact, outs)
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
 
@@ -207,7 +210,7 @@ N_HSD = 600
 def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
     """HSD verification on the real pair (llama.cpp target and draft, gamma 2, T = 1, top_k 2), whole 3-token
     continuations, so that rounds verify two drafts (with one draft every verifier is token-wise): chi-square
-    goodness of fit to the target's exact law, N = 600 continuations (seeds 0..N-1, 8 rows per batch), alpha =
+    goodness of fit to the target's exact law, N = 600 continuations (seeds 0..N-1, 16 rows per batch), alpha =
     1e-4, bins with expected count < 5 pooled, hard failure on a zero-probability sample; the enumerated HSD law on
     the same distributions equals the target's first, and a wrong law (naive resampling) would be rejected with
     power > 0.85 (0.89 here: this law is nearer the naive one than the 2-token law above). Block verification's
@@ -216,7 +219,8 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
 
     cfg = SamplingConfig(temperature=1.0, top_k=2)
     prompt = tuple(engine.encode("What is 2+2?", chat=True))
-    d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T)
+    d = build_drafter("llamacpp", models.DEFAULT_DRAFT, engine.tokenizer, engine.target, draft_threads=T,
+                      max_rows=ROWS)
     with _dist_fn(engine.target, cfg) as p_fn, _dist_fn(d.backend, cfg, check_gap=False) as q_fn:
         plain = sequence_distribution("lossless", p_fn, None, 2, 3, prompt)
         hsd = sequence_distribution("lossless", p_fn, q_fn, 2, 3, prompt, verifier="hsd")
@@ -227,7 +231,7 @@ def test_hsd_sampled_law_is_the_llamacpp_target_law(engine):
 
     spec = Engine(engine.target, d, engine.tokenizer, sorted(engine.eos_token_ids))
     outs = spec.generate([list(prompt)] * N_HSD, sampling=cfg, gamma=2, max_new_tokens=3, seed=list(range(N_HSD)),
-                         batch_size=8, verifier="hsd")
+                         batch_size=ROWS, verifier="hsd")
     assert sum(out.metrics.accepted for out in outs) > N_HSD // 4  # two-draft rounds were really verified
     pvalue = _pooled_chisquare(plain, outs)
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"

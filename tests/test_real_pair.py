@@ -25,17 +25,19 @@ def engine(real_engine_fp32) -> SpeculativeEngine:
     return real_engine_fp32  # tests/conftest.py: one fp32 load per session
 
 
-@pytest.mark.parametrize("idx", range(len(PROMPTS)))
-def test_real_pair_greedy_equals_target_greedy(engine, target_greedy, idx):
-    prompt = PROMPTS[idx]
-    ids = engine.encode(prompt, chat=idx == 0)
-    ref = target_greedy(ids, NEW_TOKENS)
+def test_real_pair_greedy_equals_target_greedy(engine, target_greedy):
+    """One row alone: the model drafter on the chat prompt and the n-gram drafter on the code prompt (its
+    repetitions give n-gram proposals) equal the target's own greedy decode. Every prompt, rows joining and
+    leaving a batch: the next test (the same reference decodes, computed once)."""
+    ids = engine.encode(PROMPTS[0], chat=True)
     out = engine.generate(ids, sampling=SamplingConfig(temperature=0), gamma=5, max_new_tokens=NEW_TOKENS)
-    assert out.token_ids == ref
+    assert out.token_ids == target_greedy(ids, NEW_TOKENS)
     assert out.metrics.drafted > 0 and out.metrics.accepted > 0  # a trained pair agrees on something
+    ids = engine.encode(PROMPTS[1])
     ngram = SpeculativeEngine(engine.target, NgramDrafter(), engine.tokenizer, engine.eos_token_ids)
     out_ng = ngram.generate(ids, sampling=SamplingConfig(temperature=0), gamma=5, max_new_tokens=NEW_TOKENS)
-    assert out_ng.token_ids == ref
+    assert out_ng.token_ids == target_greedy(ids, NEW_TOKENS)
+    assert out_ng.metrics.drafted > 0
 
 
 def test_real_pair_batch_rows_equal_target_greedy(engine, target_greedy):
