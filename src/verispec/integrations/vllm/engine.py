@@ -67,10 +67,22 @@ class VLLMEngine:
         self.llm = LLM(model=target_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
                        max_num_batched_tokens=max(8192, max_model_len), **spec, **llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        self._owned = True
+
+    @classmethod
+    def wrap(cls, llm: Any, gamma: int) -> VLLMEngine:
+        """An engine over a running ``vllm.LLM`` whose speculative config drafts ``gamma`` tokens (started with
+        ``per_request_spec_decode_metrics="detailed"`` for the per-round metrics); :meth:`close` leaves it
+        running for its owner."""
+        self = cls.__new__(cls)
+        self.gamma, self.llm, self.tokenizer, self._owned = gamma, llm, llm.get_tokenizer(), False
+        return self
 
     def close(self) -> None:
-        """Shut vLLM's engine processes down (their memory is free at once, not when the object is collected)."""
-        self.llm.llm_engine.engine_core.shutdown()
+        """Shut vLLM's engine processes down (their memory is free at once, not when the object is collected),
+        unless the engine wraps an ``LLM`` it did not start."""
+        if self._owned:
+            self.llm.llm_engine.engine_core.shutdown()
 
     def _params(self, req: Request, verification: dict | None) -> Any:
         from vllm import SamplingParams
