@@ -51,8 +51,9 @@ EOS_PIECES = frozenset({"<|endoftext|>", "<|im_end|>", "</s>", "<|eot_id|>", "<|
 #: swapped two tokens 0.023 apart (a false fail); quantized kernels moved some prompts' laws by TV up to 0.035
 #: between batch shapes. Two float32 runs of the same transformers model agree far closer (tie_gap 1e-6 there).
 TIE_GAP = 0.1
-#: rows the reference's backend holds: the audited row and the two others of the ``beside other rows`` shape
-NOISE_ROWS = 3
+#: rows the reference's backend holds: the ``beside other rows`` shape scores every prefix of a law (13 at 3
+#: tokens and top-k 3) as rows of one forward
+NOISE_ROWS = 16
 
 
 def fold(paths: dict[tuple, float], is_end: Callable[[Hashable], bool],
@@ -196,9 +197,9 @@ class ModelReference:
         """TV between the computed law and the law under each of these batch shapes, every one from an empty
         cache so that the value depends on the tokens alone: ``whole path`` (one forward over prompt + path),
         ``one token per step`` (the prompt, then one token per forward, as an engine decodes) and ``beside other
-        rows`` (each prefix in one batch with other sequences, as a server batches requests: quantized llama.cpp
-        kernels batching the rows together moved a law by TV up to 0.019 this way, while a row alone moved by 0). An
-        engine's law is a mixture over the shapes it ran, and TV is convex, so its distance from the reference
+        rows`` (every prefix of the law as a row of one batch, as a server batches requests: quantized llama.cpp
+        kernels batching the rows together moved a law by TV up to 0.019 this way, while a row alone moved by 0).
+        An engine's law is a mixture over the shapes it ran, and TV is convex, so its distance from the reference
         is at most the largest distance of those shapes."""
         key = (prompt, length, cfg)
         if key in self.noise:
@@ -223,24 +224,25 @@ class ModelReference:
             steps = [prompt_ids + list(path[:i]) for i in range(len(path))]
             return prob(path, lambda i: self.backend.score([ScoreRequest(self.row, steps[i])])[0][0])
 
-        def beside(path: tuple[int, ...]) -> float:
-            # the other rows: a shorter and a longer context than the audited one, in the same forward
-            others = [prompt_ids[:1], prompt_ids + prompt_ids[::-1]]
-            cache: dict[int, torch.Tensor] = {}
+        batched: dict[tuple[int, ...], torch.Tensor] = {}
 
-            def at(i: int) -> torch.Tensor:
-                if i not in cache:
+        def beside(path: tuple[int, ...]) -> float:
+            # every prefix of the law as a row of one forward (chunks of max_rows), so each row has neighbours of
+            # other lengths; a chunk of one row gets the prompt's first half as its neighbour
+            if not batched:
+                prefixes = sorted({p[:i] for p in paths for i in range(len(p))}, key=lambda t: (len(t), t))
+                for start in range(0, len(prefixes), self.max_rows):
+                    chunk = [prompt_ids + list(pre) for pre in prefixes[start:start + self.max_rows]]
+                    extra = [prompt_ids[:max(1, len(prompt_ids) // 2)]] if len(chunk) == 1 else []
                     self.backend.reset()
-                    rows = [self.backend.add_row() for _ in range(1 + len(others))]
-                    self.row = rows[0]
-                    reqs = [ScoreRequest(rows[0], prompt_ids + list(path[:i]))]
-                    reqs += [ScoreRequest(r, o) for r, o in zip(rows[1:], others, strict=True)]
-                    cache[i] = self.backend.score(reqs)[0][0]
-                return cache[i]
-            return prob(path, at)
+                    rows = [self.backend.add_row() for _ in chunk + extra]
+                    outs = self.backend.score([ScoreRequest(r, ids) for r, ids in zip(rows, chunk + extra,
+                                                                                      strict=True)])
+                    batched.update(zip(prefixes[start:start + self.max_rows], (o[0] for o in outs), strict=False))
+            return prob(path, lambda i: batched[path[:i]])
 
         shapes = {"whole path": whole, "one token per step": stepwise}
-        if self.max_rows > 2:
+        if self.max_rows > 1:
             shapes["beside other rows"] = beside
         result = {}
         for name, fn in shapes.items():
