@@ -301,6 +301,29 @@ def test_cli_two_sample_pilot_plan_report_and_bad_input(server, tmp_path):
 # -- the statistics ------------------------------------------------------------------------------------------------
 
 
+def test_truncation_boundary_gaps_are_exact():
+    """The near-tie measure of each truncation on p = (0.5, 0.3, 0.2), computed by hand: top-k 2, the logit gap
+    log 0.3 - log 0.2; top-p, the kept mass's margin around top_p over top_p (1 - top_p); min-p, the distance of
+    the nearest log-ratio log(p / p_max) from log(min_p)."""
+    import math
+
+    import torch
+
+    from verispec.audit.reference import _boundary_gap
+    from verispec.core.sampling import SamplingConfig
+
+    raw = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64).log()
+    gap = lambda **kw: _boundary_gap(raw, SamplingConfig(temperature=1.0, **kw), None)  # noqa: E731
+    assert gap() == math.inf
+    assert gap(top_k=2) == pytest.approx(math.log(0.3 / 0.2))
+    assert gap(top_p=0.6) == pytest.approx(min(0.8 - 0.6, 0.6 - 0.5) / (0.6 * 0.4))
+    assert gap(top_p=0.79) == pytest.approx(0.01 / (0.79 * 0.21))
+    assert gap(min_p=0.3) == pytest.approx(math.log(0.4) - math.log(0.3))
+    # top-p after top-k, on the renormalized (0.625, 0.375), as the engine applies them: the top-k gap is nearer
+    assert gap(top_k=2, top_p=0.79) == pytest.approx(min(math.log(1.5), (0.79 - 0.625) / (0.79 * 0.21)))
+    assert gap(top_k=2, top_p=0.7) == pytest.approx((0.7 - 0.625) / (0.7 * 0.3))
+
+
 class _BatchDependent:
     """A backend whose logits move with the batch: a row scored beside other rows gets +0.3 on token 5 (what
     quantized kernels batching rows together do, by a measured 0.03-0.07 logits)."""

@@ -38,6 +38,9 @@ CERT_PROMPT, CERT_TOP_P, CERT_N, ALPHA = "Pick a random fruit.", 0.6, 256, 1e-4
 #: one lossy rule here (its law differs from the target's, so the plug-in must have run); lossless, SpecCascade,
 #: typical and vLLM's own sampler are certified by ``benchmarks/vllm_cpu.py certify`` (docs/results/vllm_cpu.md)
 CERT_RULES = [{"rule": "lenience", "params": {"l": 0.2}}]
+#: the in-process audit's design: no chat template; every top-p boundary it reaches at 2 tokens clear of a
+#: near-tie (the audit refuses one: "My favourite fruit is" at top-p 0.6 kept 0.609 after " apple")
+AUDIT_PROMPT, AUDIT_TOP_P = "import numpy as", 0.9
 
 
 def _need_vllm_and_pair() -> None:
@@ -72,9 +75,22 @@ def laws():
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.bfloat16).eval()
     p_fn, q_fn, ties = prepare_laws(target, draft, prompt, CERT_RULES, cfg, gamma=2, length=3)
+    # the in-process audit's reference: the bf16 target's law of its design and the law's noise, computed now
+    # (the reference keeps the logits it computed, so it needs no model once vLLM runs)
+    from verispec.audit import ModelReference
+    from verispec.audit.reference import _hf_eos
+    from verispec.backends.hf import HFBackend
+
+    ref = ModelReference(HFBackend(target), tok, _hf_eos(target, tok), "bf16 target (transformers)")
+    audit_prompt = AUDIT_PROMPT
+    audit_cfg = SamplingConfig(temperature=1.0, top_p=AUDIT_TOP_P)
+    law, paths = ref.law(audit_prompt, audit_cfg, 2)
+    ref.noise_tv(audit_prompt, audit_cfg, paths)
+    ref.backend = None  # drops the model: everything the audit asks of it is cached
     del target, draft
     gc.collect()
-    return {"prompt": prompt, "cfg": cfg, "p_fn": p_fn, "q_fn": q_fn, "ties": ties}
+    return {"prompt": prompt, "cfg": cfg, "p_fn": p_fn, "q_fn": q_fn, "ties": ties, "audit_reference": ref,
+            "audit_prompt": audit_prompt}
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +203,26 @@ def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, tmp_path):
     made[0].close()  # leaves the module's engine running
     out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2))
     assert len(out[0].outputs[0].token_ids) == 2
+
+
+@pytest.mark.real
+def test_the_audit_runs_in_process_on_the_llm(llm, laws):
+    """``verispec.audit(None, ..., llm=llm)``: the plug-in's lossless rule audited in process against the bf16
+    target's exact law (top-p 0.9, T = 1, 2 tokens, a 3-token prompt: 64 prefills of it cost little; 4
+    continuations), N = 64 (one request of 64 choices) at alpha 1e-4: no zero-probability continuation and no
+    fail (at this N the run is underpowered for TV 0.05; the power and TV are reported, not asserted), the
+    engine's drafts read from vLLM's per-request metrics; a draft length the LLM was not started with is refused
+    by name."""
+    from verispec.audit import AuditInputError, audit
+
+    kw = dict(reference=laws["audit_reference"], prompts=[laws["audit_prompt"]], temperature=1.0, top_k=0,
+              top_p=AUDIT_TOP_P, length=2, alpha=ALPHA, quiet=True, per_request=64, concurrency=1)
+    rep = audit(None, "m", llm=llm, n=64, verification={"rule": "lossless"}, **kw)
+    assert rep.engine["base_url"].startswith("in process") and rep.n["total"] == 64
+    assert rep.test["impossible_samples"] == 0 and rep.verdict != "fail", (rep.verdict, rep.test, rep.outcomes)
+    assert rep.acceptance["drafted"] > 0 and rep.acceptance["rules_reported"] == ["lossless"]
+    with pytest.raises(AuditInputError, match="num_speculative_tokens = 2"):
+        audit(None, "m", llm=llm, n=16, gamma=4, **kw)
 
 
 @pytest.mark.real

@@ -28,6 +28,7 @@ import numpy as np
 
 from verispec.audit import stats
 from verispec.audit.client import AuditInputError, EngineClient
+from verispec.audit.inprocess import LLMClient
 from verispec.audit.reference import ModelReference, Outcome, UrlReference
 from verispec.audit.report import write_report
 from verispec.core import rules as _rules
@@ -145,7 +146,7 @@ def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int
             ties_before = len(ref.ties)
             law, paths = ref.law(prompt, cfg, length, rule, gamma, verifier)
             if len(ref.ties) > ties_before:
-                _say(f"skipping {prompt!r}: a near-tie at the top-k boundary", quiet)
+                _say(f"skipping {prompt!r}: a near-tie at a truncation boundary (top-k, top-p or min-p)", quiet)
                 del ref.ties[ties_before:]  # a skipped prompt's ties say nothing about the audited ones
                 continue
             if max(law.values()) <= 0.6 and _spread(law) >= 3:
@@ -313,18 +314,20 @@ def _acceptance(extras: list[dict]) -> dict | None:
             "responses": len(extras)}
 
 
-def audit(base_url: str, model: str, *, reference_model: str | None = None, reference_url: str | None = None,
-          reference: Any = None, reference_model_name: str | None = None, reference_draft: str | None = None,
-          reference_logprobs: str = "auto", api_key: str | None = None, prompts: Sequence[str] | None = None,
-          alpha: float = 1e-4, target_tv: float = 0.05, power: float = 0.9, time_limit: float = 600.0,
-          temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-          min_p: float | None = None, length: int | None = None, penalties: dict | None = None,
-          logit_bias: dict | None = None, verification: dict | None = None, gamma: int | None = None,
-          extra_body: dict | None = None, n: int | None = None, per_request: int = 8, concurrency: int = 8,
-          seed: int = 0, tau: float | None = None, tie_gap: float | None = None, check_logprobs: bool = False,
-          two_sample: bool = False, out_dir: str | None = None, threads: int | None = None,
-          quiet: bool = False) -> AuditReport:
-    """Audit the engine at ``base_url`` serving ``model``; see the module docstring. The reference is
+def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model: str | None = None,
+          reference_url: str | None = None, reference: Any = None, reference_model_name: str | None = None,
+          reference_draft: str | None = None, reference_logprobs: str = "auto", api_key: str | None = None,
+          prompts: Sequence[str] | None = None, alpha: float = 1e-4, target_tv: float = 0.05, power: float = 0.9,
+          time_limit: float = 600.0, temperature: float | None = None, top_k: int | None = None,
+          top_p: float | None = None, min_p: float | None = None, length: int | None = None,
+          penalties: dict | None = None, logit_bias: dict | None = None, verification: dict | None = None,
+          gamma: int | None = None, extra_body: dict | None = None, n: int | None = None, per_request: int = 8,
+          concurrency: int = 8, seed: int = 0, tau: float | None = None, tie_gap: float | None = None,
+          check_logprobs: bool = False, two_sample: bool = False, out_dir: str | None = None,
+          threads: int | None = None, quiet: bool = False) -> AuditReport:
+    """Audit the engine at ``base_url`` serving ``model`` (or, with ``base_url`` None, ``llm``: a running
+    ``vllm.LLM`` audited in process, :class:`~verispec.audit.inprocess.LLMClient`); see the module docstring. The
+    reference is
     ``reference_model`` (a GGUF or registered name, llama.cpp; or an HF directory, transformers; with
     ``reference_draft`` for a declared lossy rule's law), ``reference_url`` (an endpoint of the same model without
     speculation, read through its top logprobs: ``reference_logprobs`` "auto", "processed" or "raw"), or a ready
@@ -333,7 +336,7 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     ``target_tv`` at ``power``). ``verification`` is sent in each request body and declares the rule whose law is
     audited (its exact induced law for a lossy rule, with ``gamma`` drafts per round); ``gamma`` is sent as
     verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit
-    gap at the top-k boundary below which a prefix counts as a near-tie (default
+    gap at a truncation boundary (top-k, top-p or min-p) below which a prefix counts as a near-tie (default
     :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one
     are refused. ``two_sample`` (with ``reference_url``): no log-probabilities are read; the reference endpoint is
     sampled like the engine and the two samples are tested for homogeneity
@@ -360,7 +363,11 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     if gamma is not None:
         body_extra["speculative"] = {"gamma": gamma}
     # a request that takes longer than the whole audit may is a hang, not a slow answer
-    engine = EngineClient(base_url, model, api_key, timeout=max(60.0, min(600.0, time_limit)), extra_body=body_extra)
+    if (base_url is None) == (llm is None):
+        raise AuditInputError("give the engine under test either as an endpoint (--base-url) or in process (llm)")
+    engine: Any = (LLMClient(llm, model, extra_body=body_extra) if llm is not None else
+                   EngineClient(base_url, model, api_key, timeout=max(60.0, min(600.0, time_limit)),
+                                extra_body=body_extra))
 
     if two_sample:
         if rule is not None and not rule.lossless:
@@ -398,9 +405,10 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
         cfg = make_cfg(settings[0][2], settings[0][1])
         chosen = [(p, *ref.law(p, cfg, settings[0][0], rule, gamma or 0, verifier)) for p in candidates]
         if ref.ties:
-            raise AuditInputError(f"a near-tie at the top-k boundary (logit gap {min(g for _, g in ref.ties):.3f} < "
-                                  f"{ref.tie_gap}): the engine's kernels may keep another token there, so a verdict "
-                                  f"could be a false fail; pick another prompt or --top-k, or lower --tie-gap when "
+            raise AuditInputError(f"a near-tie at a truncation boundary (top-k, top-p or min-p; logit gap "
+                                  f"{min(g for _, g in ref.ties):.3f} < {ref.tie_gap}): the engine's kernels may keep "
+                                  f"another token there, so a verdict could be a false fail; pick another prompt, "
+                                  f"--top-k or --top-p, or lower --tie-gap when "
                                   f"engine and reference run the same kernels")
         design = {"length": settings[0][0], "top_k": settings[0][1], "temperature": settings[0][2],
                   "chosen": chosen}
@@ -474,7 +482,7 @@ def audit(base_url: str, model: str, *, reference_model: str | None = None, refe
     if cut:
         notes.append(f"--time-limit {time_limit:.0f} s reached after {n_each} of {planned} samples per prompt")
     if ref.ties:
-        notes.append(f"{len(ref.ties)} near-tie(s) at the top-k boundary in the reference (logit gap < "
+        notes.append(f"{len(ref.ties)} near-tie(s) at a truncation boundary in the reference (logit gap < "
                      f"{ref.tie_gap:g}): float noise there can move mass between continuations")
     report = AuditReport(
         verdict=verdict,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -65,6 +66,33 @@ def fold(paths: dict[tuple, float], is_end: Callable[[Hashable], bool],
         key = (text(path[:cut] if cut is not None else path), cut is not None)
         out[key] = out.get(key, 0.0) + prob
     return out
+
+
+def _boundary_gap(raw: torch.Tensor, cfg: SamplingConfig, hist: History | None) -> float:
+    """How far the truncations' boundaries are from flipping, in logits (inf without truncation): top-k, the
+    gap between the k-th and (k + 1)-th logits; top-p, the kept mass's margins on either side of top_p (the mass
+    before the last kept token below it, the mass with it at or above it), divided by top_p (1 - top_p), the
+    largest change of a mass near top_p per logit of shift; min-p, the smallest distance of any logit from the
+    threshold max logit + T log(min_p). An engine whose kernels move logits by about this much may keep another
+    set of tokens there, which the audit would read as a defect."""
+    gap = math.inf
+    vocab = raw.shape[-1]
+    if cfg.top_k is not None and cfg.top_k < vocab:
+        top = torch.topk(raw, cfg.top_k + 1).values
+        gap = min(gap, float(top[-2] - top[-1]))
+    if cfg.top_p is not None and cfg.top_p < 1:
+        base = process(raw, replace(cfg, top_p=None, min_p=None, eta=None, eta_delta=None), hist)
+        cum = torch.cumsum(torch.sort(base, descending=True).values, 0)
+        k = int((cum < cfg.top_p).sum())  # the last kept token's index (sorted)
+        before = float(cum[k - 1]) if k > 0 else 0.0
+        margin = min(float(cum[k]) - cfg.top_p, cfg.top_p - before if k > 0 else math.inf)
+        gap = min(gap, margin / (cfg.top_p * (1 - cfg.top_p)))
+    if cfg.min_p is not None and cfg.min_p > 0:
+        scaled = process(raw, replace(cfg, temperature=1.0, top_k=None, top_p=None, min_p=None, eta=None,
+                                      eta_delta=None), hist).clamp_min(1e-300).log()
+        rel = (scaled - scaled.max()) - cfg.temperature * math.log(cfg.min_p)
+        gap = min(gap, float(rel.abs().min()))
+    return gap
 
 
 def _hf_eos(model: Any, tokenizer: Any) -> list[int]:
@@ -149,7 +177,8 @@ class ModelReference:
 
     def dist_fn(self, prompt: tuple[int, ...], cfg: SamplingConfig) -> Callable[[tuple[int, ...]], torch.Tensor]:
         """prefix -> the processed distribution (bias, penalties with the generated part's history, temperature,
-        truncations), as the engine processes p and q. Near-ties at the top-k boundary are recorded."""
+        truncations), as the engine processes p and q. Near-ties at a truncation boundary are recorded
+        (:func:`_boundary_gap`)."""
         vocab = None
 
         def fn(prefix: tuple[int, ...]) -> torch.Tensor:
@@ -157,9 +186,8 @@ class ModelReference:
             raw = self.logits(prefix)
             vocab = raw.shape[-1]
             hist = History.of(list(prompt), list(prefix[len(prompt):]), vocab) if cfg.uses_history else None
-            if cfg.top_k is not None and cfg.temperature > 0 and cfg.top_k < vocab:
-                top = torch.topk(raw, cfg.top_k + 1).values
-                gap = float(top[-2] - top[-1])
+            if cfg.temperature > 0:
+                gap = _boundary_gap(raw, cfg, hist)
                 if gap < self.tie_gap:
                     self.ties.append((prefix, gap))
             return process(raw, cfg, hist)
