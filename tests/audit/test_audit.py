@@ -144,6 +144,27 @@ def test_skipping_the_residual_fails(server, reference):
 # -- bad input: no verdict -----------------------------------------------------------------------------------------
 
 
+def test_structured_output_is_audited_against_the_grammar_restricted_law(server):
+    """``response_format`` regex ``[a-e]+`` sent with every request: the law is the reference's with the grammar's
+    forbidden tokens masked before processing. N = 1000, alpha 1e-4, forced speculation (gamma 4): the engine that
+    honours the grammar passes; behind a proxy that drops ``response_format`` (the grammar ignored), samples
+    outside it have probability 0 and the audit fails."""
+    fmt = {"type": "regex", "regex": "[a-e]+"}
+    ref = _reference()
+    with RewritingProxy(server.url, rewrite({"speculative": {"gamma": 4}})) as proxy:
+        rep = run(proxy.url, ref, 1000, target_tv=0.15, response_format=fmt)
+    assert rep.verdict == "pass", rep.test
+    assert all(set(o["text"]) <= set("abcde") for o in rep.outcomes[0] if o["expected"] > 0)
+    assert rep.settings["response_format"] == fmt
+
+    def drop(body: dict) -> dict:
+        return {k: v for k, v in body.items() if k != "response_format"}
+
+    with RewritingProxy(server.url, drop) as proxy:
+        bad = run(proxy.url, _reference(), 1000, target_tv=0.15, response_format=fmt)
+    assert bad.verdict == "fail" and bad.test["impossible_samples"] > 0, bad.test
+
+
 def test_endpoint_down_is_no_verdict(reference):
     """Through the API's call form ``verispec.audit(...)`` (the package is callable)."""
     import verispec

@@ -324,7 +324,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
           gamma: int | None = None, extra_body: dict | None = None, n: int | None = None, per_request: int = 8,
           concurrency: int = 8, seed: int = 0, tau: float | None = None, tie_gap: float | None = None,
           check_logprobs: bool = False, two_sample: bool = False, out_dir: str | None = None,
-          threads: int | None = None, quiet: bool = False) -> AuditReport:
+          threads: int | None = None, response_format: dict | None = None, quiet: bool = False) -> AuditReport:
     """Audit the engine at ``base_url`` serving ``model`` (or, with ``base_url`` None, ``llm``: a running
     ``vllm.LLM`` audited in process, :class:`~verispec.audit.inprocess.LLMClient`); see the module docstring. The
     reference is
@@ -338,7 +338,10 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit
     gap at a truncation boundary (top-k, top-p or min-p) below which a prefix counts as a near-tie (default
     :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one
-    are refused. ``two_sample`` (with ``reference_url``): no log-probabilities are read; the reference endpoint is
+    are refused. ``response_format`` (structured output, sent in every request): the law is the reference's
+    restricted to the grammar (its logits masked before processing, as verispec's engine does), so a sample
+    outside the grammar has probability 0 and fails the audit (``--reference-model`` only). ``two_sample`` (with
+    ``reference_url``): no log-probabilities are read; the reference endpoint is
     sampled like the engine and the two samples are tested for homogeneity
     (:func:`audit_two_sample`: approximate, no exact law). With ``out_dir`` the report
     (markdown, JSON, figure) is written there."""
@@ -362,6 +365,11 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
         body_extra["verification"] = verification
     if gamma is not None:
         body_extra["speculative"] = {"gamma": gamma}
+    if response_format is not None:
+        if two_sample:
+            raise AuditInputError("--response-format needs --reference-model (the grammar-restricted law is computed "
+                                  "from the weights), not --two-sample")
+        body_extra["response_format"] = dict(response_format)
     # a request that takes longer than the whole audit may is a hang, not a slow answer
     if (base_url is None) == (llm is None):
         raise AuditInputError("give the engine under test either as an endpoint (--base-url) or in process (llm)")
@@ -396,6 +404,11 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
 
     if tie_gap is not None:
         ref.tie_gap = tie_gap
+    if response_format is not None:
+        if not isinstance(ref, ModelReference):
+            raise AuditInputError("--response-format: the grammar-restricted law is computed from the weights: give "
+                                  "--reference-model")
+        ref.response_format = dict(response_format)
 
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)
@@ -494,6 +507,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
                              "text into the same tokens and keeps at most 20 tokens per step")},
         settings={"length": length, "temperature": temp, "top_k": top_k_used, "top_p": top_p, "min_p": min_p,
                   "penalties": penalties or {}, "logit_bias": logit_bias or {},
+                  "response_format": response_format,
                   "law": (f"{rule.name} induced law (gamma {gamma}, verifier {verifier})"
                           if rule is not None and not rule.lossless else "target law (lossless)")},
         prompts=chosen_prompts,

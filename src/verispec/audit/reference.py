@@ -24,6 +24,7 @@ Two references:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Hashable
@@ -41,6 +42,7 @@ from verispec.backends.hf import HFBackend
 from verispec.core import rules as _rules
 from verispec.core.sampling import History, SamplingConfig, process
 from verispec.options import options
+from verispec.runtime.grammar import GrammarCompiler
 
 __all__ = ["EOS_PIECES", "ModelReference", "Outcome", "UrlReference", "fold"]
 
@@ -118,6 +120,9 @@ class ModelReference:
         self.row = backend.add_row()
         self.cache: dict[tuple[int, ...], torch.Tensor] = {}
         self.noise: dict[tuple, dict[str, float]] = {}
+        #: structured output the engine is asked for (``response_format``): the law is the grammar-restricted one
+        self.response_format: dict | None = None
+        self._grammar: Any = None
         self.ties: list[tuple[tuple[int, ...], float]] = []
         self.tie_gap = TIE_GAP
 
@@ -175,6 +180,18 @@ class ModelReference:
             self.cache[prefix] = self._score_fresh(list(prefix))[0].to(torch.float64)
         return self.cache[prefix]
 
+    def _restricted(self, raw: torch.Tensor, generated: list[int]) -> torch.Tensor:
+        """``raw`` with the tokens ``response_format``'s grammar forbids after ``generated`` at -inf (the engine
+        masks the logits before processing them; verispec.runtime.grammar)."""
+        if self.response_format is None:
+            return raw
+        if self._grammar is None:
+            compiler = GrammarCompiler(self.tokenizer, raw.shape[-1], sorted(self.eos_ids))
+            self._grammar = (self.response_format, compiler.constraint(self.response_format))
+        constraint = self._grammar[1]
+        mask = constraint.allowed(generated) if constraint is not None else None
+        return raw if mask is None else raw.masked_fill(~mask[: raw.shape[-1]], float("-inf"))
+
     def dist_fn(self, prompt: tuple[int, ...], cfg: SamplingConfig) -> Callable[[tuple[int, ...]], torch.Tensor]:
         """prefix -> the processed distribution (bias, penalties with the generated part's history, temperature,
         truncations), as the engine processes p and q. Near-ties at a truncation boundary are recorded
@@ -183,7 +200,7 @@ class ModelReference:
 
         def fn(prefix: tuple[int, ...]) -> torch.Tensor:
             nonlocal vocab
-            raw = self.logits(prefix)
+            raw = self._restricted(self.logits(prefix), list(prefix[len(prompt):]))
             vocab = raw.shape[-1]
             hist = History.of(list(prompt), list(prefix[len(prompt):]), vocab) if cfg.uses_history else None
             if cfg.temperature > 0:
@@ -229,7 +246,7 @@ class ModelReference:
         kernels batching the rows together moved a law by TV up to 0.019 this way, while a row alone moved by 0).
         An engine's law is a mixture over the shapes it ran, and TV is convex, so its distance from the reference
         is at most the largest distance of those shapes."""
-        key = (prompt, length, cfg)
+        key = (prompt, length, cfg, json.dumps(self.response_format, sort_keys=True))
         if key in self.noise:
             return self.noise[key]
         prompt_ids = list(self.encode(prompt))
@@ -237,7 +254,7 @@ class ModelReference:
         def prob(path: tuple[int, ...], logits_at: Callable[[int], torch.Tensor]) -> float:
             out = 1.0
             for i, tok in enumerate(path):
-                raw = logits_at(i).to(torch.float64)
+                raw = self._restricted(logits_at(i).to(torch.float64), list(path[:i]))
                 hist = History.of(prompt_ids, list(path[:i]), raw.shape[-1]) if cfg.uses_history else None
                 out *= float(process(raw, cfg, hist)[tok])
             return out

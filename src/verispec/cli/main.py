@@ -660,6 +660,8 @@ def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
               help="Another sampling option of the request schema, sent in every request and applied to the "
                    "reference (e.g. repetition_penalty=1.1); repeatable.")
 @click.option("--logit-bias", default=None, metavar="JSON", help='Token id -> bias, e.g. \'{"13": 5}\'.')
+@click.option("--response-format", default=None, metavar="JSON",
+              help='Structured output to audit, e.g. \'{"type": "regex", "regex": "[0-9]+"}\' (--reference-model).')
 @click.option("--verification", default=None, metavar="JSON",
               help="Sent in every request; declares the rule whose law is audited (a lossy rule: its induced law).")
 @click.option("--gamma", default=None, type=click.IntRange(min=0),
@@ -679,7 +681,8 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
           reference_logprobs: str, reference_draft: str | None, api_key: str | None, prompts_file: str | None,
           alpha: float, target_tv: float, power: float, time_limit: float, n: int | None,
           temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
-          length: int | None, sampling: tuple[str, ...], logit_bias: str | None, verification: str | None,
+          length: int | None, sampling: tuple[str, ...], logit_bias: str | None, response_format: str | None,
+          verification: str | None,
           gamma: int | None, extra_body: str | None, check_logprobs: bool, concurrency: int, per_request: int,
           seed: int, tau: float | None, tie_gap: float | None, out_dir: str | None, as_json: bool) -> None:
     """Audit an engine's sampling (speculative or not) through its OpenAI API against the exact law of short
@@ -720,7 +723,8 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
             verification=_json_option(verification, "--verification"), gamma=gamma,
             extra_body=_json_option(extra_body, "--extra-body"), check_logprobs=check_logprobs,
             concurrency=concurrency, per_request=per_request, seed=seed, tau=tau, tie_gap=tie_gap,
-            two_sample=two_sample, out_dir=out_dir)
+            two_sample=two_sample, out_dir=out_dir,
+            response_format=_json_option(response_format, "--response-format"))
     except (AuditInputError, ValueError) as exc:
         no_verdict(str(exc))
         return
