@@ -409,6 +409,8 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
             raise AuditInputError("--response-format: the grammar-restricted law is computed from the weights: give "
                                   "--reference-model")
         ref.response_format = dict(response_format)
+        if ref.draft is not None:  # the engine restricts q too, at every drafted prefix
+            ref.draft.response_format = ref.response_format
 
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)

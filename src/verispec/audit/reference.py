@@ -185,7 +185,7 @@ class ModelReference:
         masks the logits before processing them; verispec.runtime.grammar)."""
         if self.response_format is None:
             return raw
-        if self._grammar is None:
+        if self._grammar is None or self._grammar[0] != self.response_format:
             compiler = GrammarCompiler(self.tokenizer, raw.shape[-1], sorted(self.eos_ids))
             self._grammar = (self.response_format, compiler.constraint(self.response_format))
         constraint = self._grammar[1]
