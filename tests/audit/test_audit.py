@@ -225,6 +225,23 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
 # -- the CLI: --reference-url, --json, exit status -----------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("value", "words"), [
+    ("{not json", "--response-format: not JSON"),
+    ('{"type": "regex", "regex": "a+"}', "--response-format needs --reference-model"),
+])
+def test_cli_response_format_bad_input_is_no_verdict(value, words):
+    """A --response-format that is not JSON, or one the reference mode cannot restrict (two-sample): exit 3, the
+    problem named, nothing sent."""
+    from click.testing import CliRunner
+
+    from verispec.cli.main import main
+
+    url = "http://127.0.0.1:9"  # never reached: the input is refused first
+    result = CliRunner().invoke(main, ["audit", "--base-url", url, "--model", MODEL, "--reference-url", url,
+                                       "--two-sample", "--response-format", value, "--json"])
+    assert result.exit_code == 3 and words in result.output, result.output
+
+
 def test_cli_json_last_line_and_exit_status(server, tmp_path):
     """``verispec audit --reference-url`` (the same server without speculation: processed logprobs) against the
     server with gamma 4: exit 0 / pass, one JSON line last on stdout, the report files written; N = 1000."""

@@ -728,6 +728,9 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
     except (AuditInputError, ValueError) as exc:
         no_verdict(str(exc))
         return
+    except click.ClickException as exc:  # a flag's value refused (exit 1 would read as "fail")
+        no_verdict(exc.format_message())
+        return
     d = report.as_dict()
     if as_json:
         click.echo(json.dumps(d, default=str, separators=(",", ":")))
