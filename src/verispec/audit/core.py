@@ -156,7 +156,7 @@ def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int
                 good.append((prompt, law, paths, noise))
         if not good:
             continue
-        good.sort(key=lambda g: (g[3] > NOISE_MAX, g[3] if g[3] > NOISE_MAX else 0.0, -_spread(g[1])))
+        good.sort(key=lambda g: (max(g[3], NOISE_MAX), -_spread(g[1])))  # stable ones first, then by noise
         for j in range(1, min(max_prompts, len(good)) + 1):
             chosen = good[:j]
             n, _ = stats.plan([g[1] for g in chosen], target_tv, tolerance(max(g[3] for g in chosen)), alpha,
@@ -529,8 +529,8 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
                  "samples_per_s": n_total / max(sample_seconds, 1e-9)},
         outcomes=outcomes,
         logprobs=_logprob_errors(ref, chosen_prompts, cfg, lps, paths) if check_logprobs else None,
-        acceptance=_acceptance(extras),
-        notes=notes + _speculation_note(_acceptance(extras), n_total * length),
+        acceptance=(acceptance := _acceptance(extras)),
+        notes=notes + _speculation_note(acceptance, n_total * length),
     )
     _say(f"verdict {verdict}: p = {pvalue:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, {tv_hi:.3f}], "
          f"N {n_total}, smallest TV detectable with power {power}: {mdt:.3f}", quiet)
@@ -743,8 +743,8 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
                  "samples_per_s": 2 * n_total / max(sample_seconds, 1e-9)},
         outcomes=outcomes,
         logprobs=None,
-        acceptance=_acceptance(extras),
-        notes=notes + _speculation_note(_acceptance(extras), n_total * length_used),
+        acceptance=(acceptance := _acceptance(extras)),
+        notes=notes + _speculation_note(acceptance, n_total * length_used),
     )
     _say(f"verdict {verdict}: p = {st['pvalue']:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, "
          f"{tv_hi:.3f}] between the two samples, N {n_total} per side, smallest TV detectable with power {power}: "

@@ -164,12 +164,18 @@ class ModelReference:
         except TypeError:
             return str(self.tokenizer.decode(list(ids)))
 
-    def _score_fresh(self, ids: list[int], proposal: list[int] | None = None) -> torch.Tensor:
-        """One forward of ``ids`` (+ ``proposal``) from an empty cache, so that its batch shape, and with it the
-        result, depends on the tokens only, never on what the backend held before (a reused prefix is another
-        batch shape, and quantized kernels round differently for another shape)."""
+    def _fresh_rows(self, n: int = 1) -> list[int]:
+        """``n`` rows of an emptied cache (the first is :attr:`row`): what is scored on them depends on the tokens
+        only, never on what the backend held before (a reused prefix is another batch shape, and quantized kernels
+        round differently for another shape)."""
         self.backend.reset()
-        self.row = self.backend.add_row()
+        rows = [self.backend.add_row() for _ in range(n)]
+        self.row = rows[0]
+        return rows
+
+    def _score_fresh(self, ids: list[int], proposal: list[int] | None = None) -> torch.Tensor:
+        """One forward of ``ids`` (+ ``proposal``) from an empty cache (:meth:`_fresh_rows`)."""
+        self._fresh_rows()
         req = ScoreRequest(self.row, ids, proposal) if proposal is not None else ScoreRequest(self.row, ids)
         return self.backend.score([req])[0]
 
@@ -264,8 +270,7 @@ class ModelReference:
             return prob(path, lambda i: logits[i])
 
         def stepwise(path: tuple[int, ...]) -> float:
-            self.backend.reset()
-            self.row = self.backend.add_row()
+            self._fresh_rows()
             steps = [prompt_ids + list(path[:i]) for i in range(len(path))]
             return prob(path, lambda i: self.backend.score([ScoreRequest(self.row, steps[i])])[0][0])
 
@@ -279,8 +284,7 @@ class ModelReference:
                 for start in range(0, len(prefixes), self.max_rows):
                     chunk = [prompt_ids + list(pre) for pre in prefixes[start:start + self.max_rows]]
                     extra = [prompt_ids[:max(1, len(prompt_ids) // 2)]] if len(chunk) == 1 else []
-                    self.backend.reset()
-                    rows = [self.backend.add_row() for _ in chunk + extra]
+                    rows = self._fresh_rows(len(chunk) + len(extra))
                     outs = self.backend.score([ScoreRequest(r, ids) for r, ids in zip(rows, chunk + extra,
                                                                                       strict=True)])
                     batched.update(zip(prefixes[start:start + self.max_rows], (o[0] for o in outs), strict=False))
@@ -295,8 +299,7 @@ class ModelReference:
             total = sum(other.values())
             result[name] = (0.5 * sum(abs(paths[k] - other[k] / max(total, 1e-300)) for k in paths)
                             + 0.5 * abs(1 - total))
-        self.backend.reset()
-        self.row = self.backend.add_row()
+        self._fresh_rows()
         self.noise[key] = result
         return result
 
