@@ -225,21 +225,25 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
 # -- the CLI: --reference-url, --json, exit status -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "words"), [
-    ("{not json", "--response-format: not JSON"),
-    ('{"type": "regex", "regex": "a+"}', "--response-format needs --reference-model"),
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--response-format", "{not json"], "--response-format: not JSON"),
+    (["--response-format", '{"type": "regex", "regex": "a+"}'], "--response-format needs --reference-model"),
+    (["--reference-dtype", "int8"], "'--reference-dtype'"),  # refused by click itself
+    (["--alpha", "2"], "'--alpha'"),
 ])
-def test_cli_response_format_bad_input_is_no_verdict(value, words):
-    """A --response-format that is not JSON, or one the reference mode cannot restrict (two-sample): exit 3, the
-    problem named, nothing sent."""
+def test_cli_bad_flag_is_no_verdict(flags, words):
+    """A --response-format that is not JSON, one the reference mode cannot restrict (two-sample), or a value click
+    refuses (not one of the choices, out of range): exit 3 (never 2, which reads as "underpowered"), the problem
+    named, the last stdout line a JSON object with verdict null, nothing sent."""
     from click.testing import CliRunner
 
     from verispec.cli.main import main
 
     url = "http://127.0.0.1:9"  # never reached: the input is refused first
     result = CliRunner().invoke(main, ["audit", "--base-url", url, "--model", MODEL, "--reference-url", url,
-                                       "--two-sample", "--response-format", value, "--json"])
+                                       "--two-sample", *flags, "--json"])
     assert result.exit_code == 3 and words in result.output, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["verdict"] is None
 
 
 def test_cli_json_last_line_and_exit_status(server, tmp_path):

@@ -56,7 +56,7 @@ TAU_SAFETY = 2.0
 #: float32 transformers reference: about 1e-7; quantized llama.cpp kernels batching rows together: 0.002-0.02)
 NOISE_MAX = 1e-4
 #: the automatic design's sampling settings, tried in order (length, top_k, temperature)
-AUTO_SETTINGS = ((3, 2, 1.0), (2, 3, 1.0), (3, 3, 1.0))
+AUTO_SETTINGS = ((2, 2, 1.0), (3, 2, 1.0), (2, 3, 1.0))
 
 
 def _say(msg: str, quiet: bool) -> None:
@@ -324,27 +324,26 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
           gamma: int | None = None, extra_body: dict | None = None, n: int | None = None, per_request: int = 8,
           concurrency: int = 8, seed: int = 0, tau: float | None = None, tie_gap: float | None = None,
           check_logprobs: bool = False, two_sample: bool = False, out_dir: str | None = None,
-          threads: int | None = None, response_format: dict | None = None, quiet: bool = False) -> AuditReport:
-    """Audit the engine at ``base_url`` serving ``model`` (or, with ``base_url`` None, ``llm``: a running
-    ``vllm.LLM`` audited in process, :class:`~verispec.audit.inprocess.LLMClient`); see the module docstring. The
-    reference is
-    ``reference_model`` (a GGUF or registered name, llama.cpp; or an HF directory, transformers; with
-    ``reference_draft`` for a declared lossy rule's law), ``reference_url`` (an endpoint of the same model without
+          threads: int | None = None, response_format: dict | None = None, reference_dtype: str = "float32",
+          quiet: bool = False) -> AuditReport:
+    """Audit the engine at ``base_url`` serving ``model`` (or, with ``base_url`` None, ``llm``: a running ``vllm.LLM``
+    audited in process, :class:`~verispec.audit.inprocess.LLMClient`); see the module docstring. The reference is
+    ``reference_model`` (a GGUF or registered name, llama.cpp; or an HF directory, transformers in ``reference_dtype``;
+    with ``reference_draft`` for a declared lossy rule's law), ``reference_url`` (an endpoint of the same model without
     speculation, read through its top logprobs: ``reference_logprobs`` "auto", "processed" or "raw"), or a ready
-    ``reference`` object (:class:`~verispec.audit.reference.ModelReference`). Unset sampling settings and prompts
-    are chosen automatically (:func:`choose_design`); ``n`` fixes the samples per prompt (default: planned for
-    ``target_tv`` at ``power``). ``verification`` is sent in each request body and declares the rule whose law is
-    audited (its exact induced law for a lossy rule, with ``gamma`` drafts per round); ``gamma`` is sent as
-    verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit
-    gap at a truncation boundary (top-k, top-p or min-p) below which a prefix counts as a near-tie (default
-    :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one
-    are refused. ``response_format`` (structured output, sent in every request): the law is the reference's
-    restricted to the grammar (its logits masked before processing, as verispec's engine does), so a sample
-    outside the grammar has probability 0 and fails the audit (``--reference-model`` only). ``two_sample`` (with
-    ``reference_url``): no log-probabilities are read; the reference endpoint is
-    sampled like the engine and the two samples are tested for homogeneity
-    (:func:`audit_two_sample`: approximate, no exact law). With ``out_dir`` the report
-    (markdown, JSON, figure) is written there."""
+    ``reference`` object (:class:`~verispec.audit.reference.ModelReference`). Unset sampling settings and prompts are
+    chosen automatically (:func:`choose_design`); ``n`` fixes the samples per prompt (default: planned for ``target_tv``
+    at ``power``). ``verification`` is sent in each request body and declares the rule whose law is audited (its exact
+    induced law for a lossy rule, with ``gamma`` drafts per round); ``gamma`` is sent as verispec's ``speculative:
+    {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit gap at a truncation boundary
+    (top-k, top-p or min-p) below which a prefix counts as a near-tie (default
+    :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one are
+    refused. ``response_format`` (structured output, sent in every request): the law is the reference's restricted to
+    the grammar (its logits masked before processing, as verispec's engine does), so a sample outside the grammar has
+    probability 0 and fails the audit (``--reference-model`` only). ``two_sample`` (with ``reference_url``): no
+    log-probabilities are read; the reference endpoint is sampled like the engine and the two samples are tested for
+    homogeneity (:func:`audit_two_sample`: approximate, no exact law). With ``out_dir`` the report (markdown, JSON,
+    figure) is written there."""
     t_start = time.monotonic()
     if sum(x is not None for x in (reference_model, reference_url, reference)) != 1:
         raise AuditInputError("give exactly one reference: --reference-model (a GGUF or HF directory of the same "
@@ -397,7 +396,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
         ref = reference
     elif reference_model is not None:
         _say(f"loading the reference model {reference_model}", quiet)
-        ref = ModelReference.load(reference_model, threads, draft=reference_draft)
+        ref = ModelReference.load(reference_model, threads, draft=reference_draft, dtype=reference_dtype)
     else:
         ref = UrlReference(EngineClient(reference_url, reference_model_name or model, api_key,  # type: ignore[arg-type]
                                         role="reference"), reference_logprobs)

@@ -127,12 +127,14 @@ class ModelReference:
         self.tie_gap = TIE_GAP
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], threads: int | None = None, draft: str | None = None
-             ) -> ModelReference:
+    def load(cls, path: str | os.PathLike[str], threads: int | None = None, draft: str | None = None,
+             dtype: str = "float32") -> ModelReference:
         """A registered model name or ``.gguf`` file (llama.cpp, ``threads`` default 1: beside a busy engine on
-        the same cores one thread runs several times faster than two) or an HF directory (transformers, float32)."""
+        the same cores one thread runs several times faster than two) or an HF directory (transformers, in
+        ``dtype``: the engine's precision, e.g. bfloat16 for a bf16 vLLM, since a float32 law differs from a bf16
+        engine's by more than float noise)."""
         key = os.fspath(path)
-        drafted = cls.load(draft, threads) if draft else None
+        drafted = cls.load(draft, threads, dtype=dtype) if draft else None
         if key.endswith(".gguf") or not os.path.isdir(key):
             try:
                 backend, tok, _, eos = load_llamacpp_target(key, threads=threads or 1, n_ctx=512,
@@ -144,10 +146,10 @@ class ModelReference:
                     raise AuditInputError(f"--reference-model {key}: llama.cpp is not installed ({exc}); give an "
                                           f"HF directory or --reference-url") from None
         try:
-            model, tok = models.load_model(key, dtype="float32")
+            model, tok = models.load_model(key, dtype=dtype)
         except (models.ModelError, OSError) as exc:
             raise AuditInputError(f"--reference-model {key}: {exc}") from None
-        return cls(HFBackend(model), tok, _hf_eos(model, tok), f"{os.path.basename(key)} (transformers)",
+        return cls(HFBackend(model), tok, _hf_eos(model, tok), f"{os.path.basename(key)} (transformers, {dtype})",
                    drafted)
 
     def encode(self, text: str) -> list[int]:

@@ -625,7 +625,22 @@ def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
     return out
 
 
-@main.command()
+class _AuditCommand(click.Command):
+    """``verispec audit``: a flag click refuses (a missing --base-url, a value outside its range or choices) is "no
+    verdict", exit 3, like every other refused input; click's usual exit 2 would read as "underpowered"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if wants_json:
+                click.echo(json.dumps({"verdict": None, "error": exc.format_message()}))
+            exc.exit_code = 3
+            raise
+
+
+@main.command(cls=_AuditCommand)
 @click.option("--base-url", required=True, help="The engine under test (OpenAI-compatible, e.g. http://HOST:8000).")
 @click.option("--model", required=True, help="The model name the engine serves.")
 @click.option("--reference-model", default=None, metavar="GGUF|NAME|DIR",
@@ -641,6 +656,8 @@ def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
               show_default=True, help="Whether --reference-url reports processed (verispec) or raw (vLLM) logprobs.")
 @click.option("--reference-draft", default=None, metavar="GGUF|NAME|DIR",
               help="The draft model, for a declared lossy rule's law.")
+@click.option("--reference-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Precision of an HF-directory reference: the engine's (bf16 for a bf16 vLLM).")
 @click.option("--api-key", default=None, help="Bearer token for the endpoints.")
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Prompts, one JSON string or plain line each (default: chosen automatically).")
@@ -678,7 +695,8 @@ def _sampling_options(items: tuple[str, ...]) -> dict[str, object]:
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line (last on stdout); progress on stderr.")
 def audit(base_url: str, model: str, reference_model: str | None, reference_url: str | None, two_sample: bool,
-          reference_logprobs: str, reference_draft: str | None, api_key: str | None, prompts_file: str | None,
+          reference_logprobs: str, reference_draft: str | None, reference_dtype: str, api_key: str | None,
+          prompts_file: str | None,
           alpha: float, target_tv: float, power: float, time_limit: float, n: int | None,
           temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
           length: int | None, sampling: tuple[str, ...], logit_bias: str | None, response_format: str | None,
@@ -716,7 +734,8 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
         penalties = _sampling_options(sampling)
         report = run_audit(
             base_url, model, reference_model=reference_model, reference_url=reference_url,
-            reference_draft=reference_draft, reference_logprobs=reference_logprobs, api_key=api_key,
+            reference_draft=reference_draft, reference_dtype=reference_dtype, reference_logprobs=reference_logprobs,
+            api_key=api_key,
             prompts=prompts, alpha=alpha, target_tv=target_tv, power=power, time_limit=time_limit, n=n,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, length=length,
             penalties=penalties or None, logit_bias=_json_option(logit_bias, "--logit-bias"),
