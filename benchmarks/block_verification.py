@@ -103,15 +103,20 @@ def main() -> None:
     torch.set_num_threads(ARGS.threads)
     engine_mod.verify_block = logged(engine_mod.verify_block)
     engine_mod.CHAIN_VERIFIERS = {k: logged(v) for k, v in engine_mod.CHAIN_VERIFIERS.items()}
-    eng = load_engine(drafter="model", dtype=ARGS.dtype, threads=ARGS.threads)
+    eng = load_engine(drafter=ARGS.drafter, target_backend=ARGS.target_backend, dtype=ARGS.dtype,
+                      threads=ARGS.threads)
     tok = eng.tokenizer
-    sets = {
-        "code": [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-                 for p in get_task("humaneval").load(limit=ARGS.prompts)],
-        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False) for c in CHAT_PROMPTS[: ARGS.prompts]],
+
+    def chat(messages: list[dict]) -> list[int]:
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+    every = {
+        "code": lambda: [chat(p.messages) for p in get_task("humaneval").load(limit=ARGS.prompts)],
+        "chat": lambda: [chat([{"role": "user", "content": c}]) for c in CHAT_PROMPTS[: ARGS.prompts]],
+        "math": lambda: [chat(p.messages) for p in get_task("gsm").load(limit=ARGS.prompts)],
     }
-    eng.generate(sets["chat"][0][:16], max_new_tokens=4, gamma=ARGS.gamma)  # warm-up
+    sets = {name: every[name]() for name in ARGS.sets}
+    eng.generate(next(iter(sets.values()))[0][:16], max_new_tokens=4, gamma=ARGS.gamma)  # warm-up
     report: dict = {"config": {k: v for k, v in vars(ARGS).items() if k != "out"}, "cells": {}}
     # every run is appended to OUT.runs.jsonl as it ends, and a rerun skips the runs found there (resumable)
     runs_path = f"{ARGS.out}.runs.jsonl" if ARGS.out else None
@@ -221,6 +226,10 @@ if __name__ == "__main__":
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--target-backend", choices=["hf", "llamacpp"], default="hf")
+    ap.add_argument("--drafter", choices=["model", "llamacpp"], default="model")
+    ap.add_argument("--sets", nargs="+", choices=["code", "chat", "math"], default=["code", "chat"],
+                    help="prompt sets: HumanEval, the held-out chat prompts (5), GSM8K questions")
     ap.add_argument("--out", default=None)
     ARGS = ap.parse_args()
     main()
