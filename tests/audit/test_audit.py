@@ -230,6 +230,7 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
     (["--response-format", '{"type": "regex", "regex": "a+"}'], "--response-format needs --reference-model"),
     (["--reference-dtype", "int8"], "'--reference-dtype'"),  # refused by click itself
     (["--alpha", "2"], "'--alpha'"),
+    (["--reference-threads", "0"], "'--reference-threads'"),
 ])
 def test_cli_bad_flag_is_no_verdict(flags, words):
     """A --response-format that is not JSON, one the reference mode cannot restrict (two-sample), or a value click

@@ -129,15 +129,17 @@ class ModelReference:
     @classmethod
     def load(cls, path: str | os.PathLike[str], threads: int | None = None, draft: str | None = None,
              dtype: str = "float32") -> ModelReference:
-        """A registered model name or ``.gguf`` file (llama.cpp, ``threads`` default 1: beside a busy engine on
-        the same cores one thread runs several times faster than two) or an HF directory (transformers, in
+        """A registered model name or ``.gguf`` file (llama.cpp, ``threads`` default every core: the reference
+        computes before the audit samples, while the engine under test is idle; give 1 where that engine serves
+        other traffic on the same cores, since beside a busy engine one thread runs several times faster than two)
+        or an HF directory (transformers, in
         ``dtype``: the engine's precision, e.g. bfloat16 for a bf16 vLLM, since a float32 law differs from a bf16
         engine's by more than float noise)."""
         key = os.fspath(path)
         drafted = cls.load(draft, threads, dtype=dtype) if draft else None
         if key.endswith(".gguf") or not os.path.isdir(key):
             try:
-                backend, tok, _, eos = load_llamacpp_target(key, threads=threads or 1, n_ctx=512,
+                backend, tok, _, eos = load_llamacpp_target(key, threads=threads or os.cpu_count() or 1, n_ctx=512,
                                                             max_rows=NOISE_ROWS)
                 return cls(backend, tok, eos, f"{os.path.basename(key)} (llama.cpp)", drafted,
                            max_rows=NOISE_ROWS)

@@ -656,6 +656,9 @@ class _AuditCommand(click.Command):
               show_default=True, help="Whether --reference-url reports processed (verispec) or raw (vLLM) logprobs.")
 @click.option("--reference-draft", default=None, metavar="GGUF|NAME|DIR",
               help="The draft model, for a declared lossy rule's law.")
+@click.option("--reference-threads", default=None, type=click.IntRange(min=1),
+              help="Threads of a --reference-model (default: every core; 1 where the engine under test serves other "
+                   "traffic on the same cores).")
 @click.option("--reference-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Precision of an HF-directory reference: the engine's (bf16 for a bf16 vLLM).")
 @click.option("--api-key", default=None, help="Bearer token for the endpoints.")
@@ -695,7 +698,8 @@ class _AuditCommand(click.Command):
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Report directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line (last on stdout); progress on stderr.")
 def audit(base_url: str, model: str, reference_model: str | None, reference_url: str | None, two_sample: bool,
-          reference_logprobs: str, reference_draft: str | None, reference_dtype: str, api_key: str | None,
+          reference_logprobs: str, reference_draft: str | None, reference_threads: int | None, reference_dtype: str,
+          api_key: str | None,
           prompts_file: str | None,
           alpha: float, target_tv: float, power: float, time_limit: float, n: int | None,
           temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
@@ -735,7 +739,7 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
         report = run_audit(
             base_url, model, reference_model=reference_model, reference_url=reference_url,
             reference_draft=reference_draft, reference_dtype=reference_dtype, reference_logprobs=reference_logprobs,
-            api_key=api_key,
+            threads=reference_threads, api_key=api_key,
             prompts=prompts, alpha=alpha, target_tv=target_tv, power=power, time_limit=time_limit, n=n,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, length=length,
             penalties=penalties or None, logit_bias=_json_option(logit_bias, "--logit-bias"),
