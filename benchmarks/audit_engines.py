@@ -152,12 +152,13 @@ def _summary(engine: str, row: str, report: dict) -> dict:
     return keep
 
 
-def run(out: Path, only: set[str] | None, cap: int | None = None) -> None:
+def run(out: Path, only: list[str] | None, cap: int | None = None) -> None:
     done = set()
     if out.exists():
         done = {(r["engine"], r["row"]) for r in map(json.loads, out.read_text().splitlines()) if r.strip()}
     for engine, spec in engines().items():
-        rows = [r for r in spec["rows"] if (engine, r[0]) not in done and (only is None or engine in only)]
+        rows = [r for r in spec["rows"] if (engine, r[0]) not in done
+                and (only is None or any(part in engine for part in only))]
         if not rows:
             continue
         port = _free_port()
@@ -215,14 +216,15 @@ def table(out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("docs/results/audit_engines.jsonl"))
-    ap.add_argument("--engines", default=None, help="comma-separated engine names (default: all)")
+    ap.add_argument("--engines", default=None,
+                    help="comma-separated parts of engine names, e.g. 'vllm,verispec serve' (default: all)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
     ap.add_argument("--cap-s", type=int, default=None, help="cap every row's time limit (a quick check)")
     args = ap.parse_args()
     if args.table:
         print(table(args.out))
         return
-    run(args.out, set(args.engines.split(",")) if args.engines else None, args.cap_s)
+    run(args.out, [e.strip() for e in args.engines.split(",")] if args.engines else None, args.cap_s)
     print(table(args.out))
 
 
