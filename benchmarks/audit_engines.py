@@ -56,6 +56,10 @@ def engines() -> dict[str, dict]:
             "--speculative-config", json.dumps({"model": hf_d, "num_speculative_tokens": 4})]
     vllm_design = ["--reference-model", hf_t, "--reference-dtype", "bfloat16", "--prompts-text",
                    "# Python 3\nprint(", "--length", "2", "--top-p", "0.6", "--temperature", "1"]
+    # llama-cpp-python's server applies repeat_penalty 1.1 and min_p 0.05 unless told otherwise (its API's
+    # defaults): the law audited here is the plain target's, so the rows send the neutral values
+    lcpp_neutral = ["--extra-body", json.dumps({"repeat_penalty": 1.0, "min_p": 0.0}), "--per-request", "1",
+                    "--concurrency", "2"]
     lcpp = [sys.executable, "-m", "llama_cpp.server", "--model", gguf_t, "--n_ctx", "512", "--n_threads", "2",
             "--port", "{port}"]
     return {
@@ -83,11 +87,10 @@ def engines() -> dict[str, dict]:
         "llama-cpp-python server, prompt lookup": {
             "cmd": [*lcpp, "--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "4"],
             "model": gguf_t, "env": {},
-            "rows": [("prompt-lookup drafts (4)", [*ref_gguf, *FIXED, "--per-request", "1", "--concurrency", "2"],
-                      420)]},
+            "rows": [("prompt-lookup drafts (4)", [*ref_gguf, *FIXED, *lcpp_neutral], 420)]},
         "llama-cpp-python server": {
             "cmd": lcpp, "model": gguf_t, "env": {},
-            "rows": [("no speculation", [*ref_gguf, *FIXED, "--per-request", "1", "--concurrency", "2"], 420)]},
+            "rows": [("no speculation", [*ref_gguf, *FIXED, *lcpp_neutral], 420)]},
     }
 
 

@@ -101,13 +101,15 @@ def _cfg(temperature: float, top_k: int | None, top_p: float | None, min_p: floa
 
 def request_fields(length: int, temperature: float, top_k: int | None, top_p: float | None, min_p: float | None,
                    penalties: dict | None, logit_bias: dict | None) -> dict[str, Any]:
-    """The sampling fields of every audit request (top_k 0 / None: not sent)."""
-    fields: dict[str, Any] = {"max_tokens": length, "temperature": temperature}
+    """The sampling fields of every audit request (top_k 0 / None: not sent). ``top_p`` is always sent, 1.0 when
+    not audited: it is an OpenAI field every compatible server takes, and some default to less (llama-cpp-python's
+    server: 0.95), which would audit another law than the reference's."""
+    fields: dict[str, Any] = {"max_tokens": length, "temperature": temperature,
+                              "top_p": top_p if top_p is not None else 1.0}
     if top_k:
         fields["top_k"] = top_k
-    for name, value in (("top_p", top_p), ("min_p", min_p)):
-        if value is not None:
-            fields[name] = value
+    if min_p is not None:
+        fields["min_p"] = min_p
     for name, value in (penalties or {}).items():
         fields[name] = value
     if logit_bias:
