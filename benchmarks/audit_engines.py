@@ -158,7 +158,7 @@ def _summary(engine: str, row: str, report: dict) -> dict:
 def run(out: Path, only: list[str] | None, cap: int | None = None) -> None:
     done = set()
     if out.exists():
-        done = {(r["engine"], r["row"]) for r in map(json.loads, out.read_text().splitlines()) if r.strip()}
+        done = {(r["engine"], r["row"]) for r in map(json.loads, filter(str.strip, out.read_text().splitlines()))}
     for engine, spec in engines().items():
         rows = [r for r in spec["rows"] if (engine, r[0]) not in done
                 and (only is None or any(part in engine for part in only))]
