@@ -167,8 +167,9 @@ def run(out: Path, only: list[str] | None, cap: int | None = None) -> None:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [c.replace("{port}", str(port)) for c in spec["cmd"]]
-        print(f"[{engine}] starting: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        log = open(out.with_suffix(".engine.log"), "a")  # noqa: SIM115 (closed below)
+        log_path = Path(tempfile.gettempdir()) / f"audit_engines-{port}.log"
+        print(f"[{engine}] starting: {' '.join(cmd)} (its log: {log_path})", file=sys.stderr, flush=True)
+        log = open(log_path, "a")  # noqa: SIM115 (closed below)
         proc = subprocess.Popen(cmd, env={**os.environ, **spec["env"]}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
