@@ -205,7 +205,10 @@ def _g(x: float | None, digits: int = 2) -> str:
 def table(out: Path) -> str:
     lines = ["| engine | row | N | verdict | p-value | tau | estimated TV [95% CI] | smallest TV detectable "
              "(power 0.9) | time | samples/s | drafts accepted |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in map(json.loads, out.read_text().splitlines()):
+    order = {(e, row[0]): (i, j) for i, (e, spec) in enumerate(engines().items()) for j, row in enumerate(spec["rows"])}
+    rows = sorted(map(json.loads, filter(str.strip, out.read_text().splitlines())),
+                  key=lambda r: order.get((r["engine"], r["row"]), (len(order), 0)))
+    for r in rows:
         if r.get("verdict") is None:
             lines.append(f"| {r['engine']} | {r['row']} | | **no verdict**: {r.get('error') or ''} | | | | | | | |")
             continue
