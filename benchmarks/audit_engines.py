@@ -129,10 +129,32 @@ def _audit(url: str, model: str, flags: list[str], limit: int, out_dir: Path) ->
     return report
 
 
+def portable(cmd: list[str] | None) -> list[str] | None:
+    """``cmd`` as written to the results: the models' local paths as their names, the report's temporary
+    directory as OUT, the engine's port as PORT."""
+    if cmd is None:
+        return None
+    from verispec.models import converted_dir, gguf_path
+
+    names = {str(converted_dir(m)): f"{m} (HF directory)" for m in (TARGET, DRAFT)}
+    names.update({str(gguf_path(m)): f"{m} (GGUF)" for m in (TARGET, DRAFT)})
+    out, tmp = [], tempfile.gettempdir()
+    for arg in cmd:
+        for path, name in names.items():
+            arg = arg.replace(path, name)
+        if arg.startswith(tmp + os.sep):  # TMP/tmpXXXX[/file] -> OUT[/file]
+            rest = arg[len(tmp) + 1:].split(os.sep, 1)
+            arg = "OUT" + (os.sep + rest[1] if len(rest) > 1 else "")
+        if arg.startswith("http://127.0.0.1:"):
+            arg = "http://127.0.0.1:PORT"
+        out.append(arg)
+    return out
+
+
 def _summary(engine: str, row: str, report: dict) -> dict:
     """The fields the table shows, and the outcomes that deviate most (the evidence of a fail)."""
     keep = {"engine": engine, "row": row, "verdict": report.get("verdict"), "error": report.get("error"),
-            "exit_status": report.get("exit_status"), "command": report.get("command")}
+            "exit_status": report.get("exit_status"), "command": portable(report.get("command"))}
     if report.get("verdict") is None:
         return keep
     t, tv, pw, n, s = report["test"], report["tv"], report["power"], report["n"], report["seconds"]
