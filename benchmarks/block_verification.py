@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import sys
+import zlib
 
 import torch
 from speed import CHAT_PROMPTS  # noqa: E402  the held-out chat prompts (benchmarks/speed.py), never tuned on
@@ -135,13 +136,18 @@ def main() -> None:
                 for seed in range(ARGS.seeds):
                     pair = {}
                     for verifier in VERIFIERS:
-                        run_id = f"{key}|{i}|{seed}|{verifier}|{ARGS.gamma}|{ARGS.max_new_tokens}"
+                        run_id = f"{key}|{i}|{seed}|{verifier}|{ARGS.gamma}|{ARGS.max_new_tokens}|distinct-seeds"
                         if run_id in done:
                             pair[verifier] = done[run_id]
                             continue
                         LOG.clear()
+                        # one seed per (cell, prompt, seed index), shared by the triple's three verifiers: with a
+                        # seed shared across prompts every run would draw the same accept-test uniforms at the same
+                        # rounds (each round consumes a fixed count), and the runs' deviations from their
+                        # predictions would be correlated, not independent as the calibration's z assumes
+                        run_seed = zlib.crc32(f"{key}|{i}|{seed}".encode())
                         res = eng.generate(list(ids), sampling=SamplingConfig(temperature=temp), gamma=ARGS.gamma,
-                                           max_new_tokens=ARGS.max_new_tokens, seed=seed, verifier=verifier)
+                                           max_new_tokens=ARGS.max_new_tokens, seed=run_seed, verifier=verifier)
                         m = res.metrics
                         # the accepted drafts of each round that drafted (one logged prediction per such round)
                         accepted = [acc for drafted, acc in m.per_round if drafted]
