@@ -132,9 +132,8 @@ class ModelReference:
         """A registered model name or ``.gguf`` file (llama.cpp, ``threads`` default every core: the reference
         computes before the audit samples, while the engine under test is idle; give 1 where that engine serves
         other traffic on the same cores, since beside a busy engine one thread runs several times faster than two)
-        or an HF directory (transformers, in
-        ``dtype``: the engine's precision, e.g. bfloat16 for a bf16 vLLM, since a float32 law differs from a bf16
-        engine's by more than float noise)."""
+        or an HF directory (transformers, in ``dtype``: the engine's precision, e.g. bfloat16 for a bf16 vLLM,
+        since a float32 law differs from a bf16 engine's by more than float noise)."""
         key = os.fspath(path)
         drafted = cls.load(draft, threads, dtype=dtype) if draft else None
         if key.endswith(".gguf") or not os.path.isdir(key):
