@@ -489,3 +489,24 @@ def test_two_sample_test_is_calibrated_and_its_power_is_reached():
     lam0 = stats.tolerance_noncentrality([bins], n_plan / 2, 1e-3)
     assert stats.min_detectable_tv(n_plan / 2, bins.df, lam0, ALPHA, 0.9, bins.pooled_mass) <= 0.15
     assert stats.min_detectable_tv(n_plan / 20, bins.df, lam0, ALPHA, 0.9, bins.pooled_mass) > 0.15
+
+
+def test_partial_design_defaults():
+    """A part of the design given fills the rest: top-k 3 by default, none where top-p or min-p is audited (that
+    truncation makes the support small; a top-k 3 on top of it would audit a law nobody asked for); nothing given
+    tries the automatic settings."""
+    from verispec.audit.core import AUTO_SETTINGS, _settings
+
+    assert _settings(["x"], 1.0, None, 2) == (False, [(2, 3, 1.0)], ["x"])
+    assert _settings(["x"], 1.0, None, 2, truncated=True) == (False, [(2, 0, 1.0)], ["x"])
+    assert _settings(["x"], 1.0, 5, 2, truncated=True) == (True, [(2, 5, 1.0)], ["x"])
+    assert _settings(None, None, None, None)[1] == list(AUTO_SETTINGS)
+
+
+def test_a_plan_no_n_reaches_is_said_up_front(server, reference):
+    """A tolerance as wide as the TV asked for (tau 0.15 for TV 0.15) leaves no N that can certify: the plan ends at
+    stats.N_MAX, the report says so and why, and the run (64 samples, a time limit of a few seconds) is not a pass."""
+    rep = audit(server.url, MODEL, reference=reference, alpha=ALPHA, seed=0, per_request=16, concurrency=4,
+                quiet=True, tie_gap=TIE_GAP, target_tv=0.15, tau=0.15, time_limit=3, **DESIGN)
+    assert rep.verdict != "pass"
+    assert any(f"no N up to {stats.N_MAX}" in note and "tau 0.15" in note for note in rep.notes), rep.notes

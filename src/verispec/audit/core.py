@@ -122,11 +122,14 @@ def _spread(law: dict[Outcome, float]) -> float:
 
 
 def _settings(prompts: Sequence[str] | None, temperature: float | None, top_k: int | None,
-              length: int | None) -> tuple[bool, list[tuple[int, int, float]], list[str]]:
+              length: int | None, truncated: bool = False) -> tuple[bool, list[tuple[int, int, float]], list[str]]:
     """(fixed design?, the (length, top_k, temperature) settings to try, the candidate prompts): everything given
-    fixes the design; nothing given tries :data:`AUTO_SETTINGS`; a part given fills the rest with defaults."""
+    fixes the design; nothing given tries :data:`AUTO_SETTINGS`; a part given fills the rest with defaults (top-k 3,
+    or none where top-p or min-p is audited (``truncated``): that truncation is the one asked for)."""
     fixed = bool(temperature is not None and top_k is not None and length is not None and prompts)
-    settings = [(length or 3, top_k if top_k is not None else 3, temperature if temperature is not None else 1.0)]
+    default_k = 0 if truncated else 3
+    settings = [(length or 3, top_k if top_k is not None else default_k,
+                 temperature if temperature is not None else 1.0)]
     if not fixed and (temperature is None and top_k is None and length is None):
         settings = list(AUTO_SETTINGS)
     return fixed, settings, list(prompts) if prompts else list(AUTO_PROMPTS)
@@ -416,7 +419,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)
 
-    fixed, settings, candidates = _settings(prompts, temperature, top_k, length)
+    fixed, settings, candidates = _settings(prompts, temperature, top_k, length, top_p is not None or min_p is not None)
     if fixed:
         cfg = make_cfg(settings[0][2], settings[0][1])
         chosen = [(p, *ref.law(p, cfg, settings[0][0], rule, gamma or 0, verifier)) for p in candidates]
@@ -441,6 +444,10 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     tau_used = tau if tau is not None else tolerance(noise)
     n_needed, min_prob = stats.plan(laws, target_tv, tau_used, alpha, power)
     planned = int(n) if n is not None else n_needed
+    unreachable = n is None and n_needed >= stats.N_MAX
+    if unreachable:
+        _say(f"no N up to {stats.N_MAX} detects TV {target_tv:g} under tau {tau_used:.2g}: a larger --tv, a prompt "
+             f"whose law moves less with the batch shape, or a float32 reference", quiet)
     ref_seconds = time.monotonic() - t_ref
     _say(f"design: {len(chosen_prompts)} prompt(s), {length} tokens, top_k {top_k_used}, T {temp}; "
          f"{planned} samples per prompt planned (tau {tau_used:.2g}, measured noise {noise:.2g})", quiet)
@@ -495,6 +502,10 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
         outcomes.append([{"text": k[0], "ended": k[1], "count": int(c.get(k, 0)),
                           "observed": c.get(k, 0) / n_each, "expected": law.get(k, 0.0)} for k in keys])
     notes = []
+    if unreachable:
+        notes.append(f"no N up to {stats.N_MAX} per prompt detects TV {target_tv:g} with power {power:g} under tau "
+                     f"{tau_used:.2g} (the reference's float noise x {TAU_SAFETY:g}): the verdict cannot be pass; a "
+                     f"larger --tv, a prompt whose law moves less with the batch shape, or a float32 reference")
     if cut:
         notes.append(f"--time-limit {time_limit:.0f} s reached after {n_each} of {planned} samples per prompt")
     if ref.ties:
@@ -636,7 +647,7 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
     def make_cfg(t: float, k: int | None) -> SamplingConfig:
         return _cfg(t, k, top_p, min_p, penalties, logit_bias)
 
-    fixed, settings, candidates = _settings(prompts, temperature, top_k, length)
+    fixed, settings, candidates = _settings(prompts, temperature, top_k, length, top_p is not None or min_p is not None)
     tau_used = tau if tau is not None else TAU_FLOOR
 
     t_ref = time.monotonic()

@@ -64,6 +64,8 @@ MIN_BIN_PROB = 0.01
 MIN_BIN_PROBS = (0.02, 0.01, 0.005, 0.002, 0.001)
 #: the smallest expected count of a bin (Pearson's approximation)
 MIN_EXPECTED = 5.0
+#: the largest N per prompt :func:`plan` considers: a plan that reaches it found no N that detects the TV asked for
+N_MAX = 200_000
 
 
 @dataclass
@@ -173,7 +175,7 @@ def plan(laws: Sequence[Mapping[Hashable, float]], target_tv: float, tau: float,
 
 
 def plan_n(laws: Sequence[Mapping[Hashable, float]], target_tv: float, tau: float, alpha: float,
-           power: float = 0.9, n_max: int = 200_000, min_prob: float = MIN_BIN_PROB, two_sample: bool = False) -> int:
+           power: float = 0.9, n_max: int = N_MAX, min_prob: float = MIN_BIN_PROB, two_sample: bool = False) -> int:
     """The smallest number of samples per prompt whose design detects an average TV of ``target_tv`` with
     ``power`` (bins, lambda_0 and the pooled mass recomputed for each n; the chi-square at ``alpha / 2``, its
     Bonferroni share); n_max when none up to it does. With ``two_sample``: per prompt and side, for the test of
