@@ -444,10 +444,12 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     tau_used = tau if tau is not None else tolerance(noise)
     n_needed, min_prob = stats.plan(laws, target_tv, tau_used, alpha, power)
     planned = int(n) if n is not None else n_needed
-    unreachable = n is None and n_needed >= stats.N_MAX
-    if unreachable:
-        _say(f"no N up to {stats.N_MAX} detects TV {target_tv:g} under tau {tau_used:.2g}: a larger --tv, a prompt "
-             f"whose law moves less with the batch shape, or a float32 reference", quiet)
+    unreachable = None
+    if n is None and n_needed >= stats.N_MAX:
+        unreachable = (f"no N up to {stats.N_MAX} per prompt detects TV {target_tv:g} with power {power:g} under tau "
+                       f"{tau_used:.2g} (the reference's float noise x {TAU_SAFETY:g}): the verdict cannot be pass; a "
+                       f"larger --tv, a prompt whose law moves less with the batch shape, or a float32 reference")
+        _say(unreachable, quiet)
     ref_seconds = time.monotonic() - t_ref
     _say(f"design: {len(chosen_prompts)} prompt(s), {length} tokens, top_k {top_k_used}, T {temp}; "
          f"{planned} samples per prompt planned (tau {tau_used:.2g}, measured noise {noise:.2g})", quiet)
@@ -503,9 +505,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
                           "observed": c.get(k, 0) / n_each, "expected": law.get(k, 0.0)} for k in keys])
     notes = []
     if unreachable:
-        notes.append(f"no N up to {stats.N_MAX} per prompt detects TV {target_tv:g} with power {power:g} under tau "
-                     f"{tau_used:.2g} (the reference's float noise x {TAU_SAFETY:g}): the verdict cannot be pass; a "
-                     f"larger --tv, a prompt whose law moves less with the batch shape, or a float32 reference")
+        notes.append(unreachable)
     if cut:
         notes.append(f"--time-limit {time_limit:.0f} s reached after {n_each} of {planned} samples per prompt")
     if ref.ties:
