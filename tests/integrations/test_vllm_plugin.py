@@ -209,17 +209,19 @@ def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, tmp_path):
 @pytest.mark.real
 def test_the_audit_runs_in_process_on_the_llm(llm, laws):
     """``verispec.audit(None, ..., llm=llm)``: the plug-in's lossless rule audited in process against the bf16
-    target's exact law (top-p 0.9, T = 1, 2 tokens, a 3-token prompt: 64 prefills of it cost little; 4
-    continuations), N = 64 (one request of 64 choices) at alpha 1e-4: no zero-probability continuation and no
-    fail (at this N the run is underpowered for TV 0.05; the power and TV are reported, not asserted), the
+    target's exact law (top-p 0.9, T = 1, 2 tokens, a 3-token prompt: 16 prefills of it cost little; 4
+    continuations), N = 16 (one request of 16 choices; each costs a seeded vLLM sequence) at alpha 1e-4: no
+    zero-probability continuation and no fail (a sampler whose samples are impossible as often as vLLM's own were in
+    docs/results/audit.md, 468 of 960, shows one here with probability 1 - 2e-5; the run is underpowered for TV 0.05,
+    and the power and TV are reported, not asserted; ``benchmarks/audit_engines.py`` runs the powered audit), the
     engine's drafts read from vLLM's per-request metrics; a draft length the LLM was not started with is refused
     by name."""
     from verispec.audit import AuditInputError, audit
 
     kw = dict(reference=laws["audit_reference"], prompts=[laws["audit_prompt"]], temperature=1.0, top_k=0,
-              top_p=AUDIT_TOP_P, length=2, alpha=ALPHA, quiet=True, per_request=64, concurrency=1)
-    rep = audit(None, "m", llm=llm, n=64, verification={"rule": "lossless"}, **kw)
-    assert rep.engine["base_url"].startswith("in process") and rep.n["total"] == 64
+              top_p=AUDIT_TOP_P, length=2, alpha=ALPHA, quiet=True, per_request=16, concurrency=1)
+    rep = audit(None, "m", llm=llm, n=16, verification={"rule": "lossless"}, **kw)
+    assert rep.engine["base_url"].startswith("in process") and rep.n["total"] == 16
     assert rep.test["impossible_samples"] == 0 and rep.verdict != "fail", (rep.verdict, rep.test, rep.outcomes)
     assert rep.acceptance["drafted"] > 0 and rep.acceptance["rules_reported"] == ["lossless"]
     with pytest.raises(AuditInputError, match="num_speculative_tokens = 2"):
