@@ -57,7 +57,9 @@ class RewritingProxy:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="verispec-audit-proxy", daemon=True)
+        # shutdown() waits for serve_forever to poll: every 50 ms, not its default 0.5 s
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="verispec-audit-proxy", daemon=True)
 
     @property
     def url(self) -> str:
