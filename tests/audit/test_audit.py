@@ -57,7 +57,7 @@ def reference():
 
 def run(url: str, reference: ModelReference, n: int, **kw) -> object:
     return audit(url, MODEL, reference=reference, n=n, alpha=ALPHA, seed=kw.pop("seed", 0), per_request=16,
-                 concurrency=1, quiet=True, tie_gap=TIE_GAP, **DESIGN, **kw)
+                 concurrency=2, quiet=True, tie_gap=TIE_GAP, **DESIGN, **kw)
 
 
 def rewrite(changes: dict, scale_temperature: float | None = None):
@@ -284,7 +284,7 @@ def _no_logprobs(body: dict):
 
 def two_sample(engine_url: str, reference_url: str, n: int, **kw) -> object:
     return audit(engine_url, MODEL, reference_url=reference_url, two_sample=True, n=n, alpha=ALPHA, seed=0,
-                 per_request=16, concurrency=1, quiet=True, **DESIGN, **kw)
+                 per_request=16, concurrency=2, quiet=True, **DESIGN, **kw)
 
 
 def test_two_sample_correct_engine_passes(server):
@@ -508,7 +508,7 @@ def test_partial_design_defaults():
 def test_a_plan_no_n_reaches_is_said_up_front(server, reference):
     """A tolerance as wide as the TV asked for (tau 0.15 for TV 0.15) leaves no N that can certify: the plan ends at
     stats.N_MAX, the report says so and why, and the run (a time limit of one second) is not a pass."""
-    rep = audit(server.url, MODEL, reference=reference, alpha=ALPHA, seed=0, per_request=16, concurrency=1,
+    rep = audit(server.url, MODEL, reference=reference, alpha=ALPHA, seed=0, per_request=16, concurrency=2,
                 quiet=True, tie_gap=TIE_GAP, target_tv=0.15, tau=0.15, time_limit=1, **DESIGN)
     assert rep.verdict != "pass"
     assert any(f"no N up to {stats.N_MAX}" in note and "tau 0.15" in note for note in rep.notes), rep.notes
