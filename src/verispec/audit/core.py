@@ -233,8 +233,27 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
                 _say(f"sampled {done[0]} of {len(prompts) * n_per_prompt} ({rate:.1f}/s, about "
                      f"{left / max(rate, 1e-9):.0f} s left)", quiet)
 
-    with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        futures = [pool.submit(run, i) for i in range(len(jobs))]
+    if concurrency <= 1:  # in the caller's thread: an in-process engine (vLLM's LLM) runs where it was built
+        try:
+            for i in range(len(jobs)):
+                run(i)
+        except BaseException:
+            stop.set()
+            raise
+    else:
+        _run_pool(run, len(jobs), concurrency, stop)
+    # a cut run keeps only whole rounds over the prompts (the same N for every prompt)
+    n_each = min(sum(c.values()) for c in counts)
+    cut = stop.is_set()
+    if cut and any(sum(c.values()) != n_each for c in counts):
+        counts = [_trim(c, n_each) for c in counts]
+    return counts, lps, extras, cut
+
+
+def _run_pool(run: Callable[[int], None], n_jobs: int, concurrency: int, stop: threading.Event) -> None:
+    """``run(0..n_jobs-1)`` on ``concurrency`` threads; the first exception stops the rest and is raised."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(run, i) for i in range(n_jobs)]
         try:
             for f in futures:
                 f.result()
@@ -243,12 +262,6 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
             for f in futures:
                 f.cancel()
             raise
-    # a cut run keeps only whole rounds over the prompts (the same N for every prompt)
-    n_each = min(sum(c.values()) for c in counts)
-    cut = stop.is_set()
-    if cut and any(sum(c.values()) != n_each for c in counts):
-        counts = [_trim(c, n_each) for c in counts]
-    return counts, lps, extras, cut
 
 
 def _trim(c: Counter, n: int) -> Counter:
