@@ -233,15 +233,7 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
                 _say(f"sampled {done[0]} of {len(prompts) * n_per_prompt} ({rate:.1f}/s, about "
                      f"{left / max(rate, 1e-9):.0f} s left)", quiet)
 
-    if concurrency <= 1:  # in the caller's thread: an in-process engine (vLLM's LLM) runs where it was built
-        try:
-            for i in range(len(jobs)):
-                run(i)
-        except BaseException:
-            stop.set()
-            raise
-    else:
-        _run_pool(run, len(jobs), concurrency, stop)
+    _run_all(run, len(jobs), concurrency, stop)
     # a cut run keeps only whole rounds over the prompts (the same N for every prompt)
     n_each = min(sum(c.values()) for c in counts)
     cut = stop.is_set()
@@ -250,8 +242,17 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
     return counts, lps, extras, cut
 
 
-def _run_pool(run: Callable[[int], None], n_jobs: int, concurrency: int, stop: threading.Event) -> None:
-    """``run(0..n_jobs-1)`` on ``concurrency`` threads; the first exception stops the rest and is raised."""
+def _run_all(run: Callable[[int], None], n_jobs: int, concurrency: int, stop: threading.Event) -> None:
+    """``run(0..n_jobs-1)`` on ``concurrency`` threads, or in the caller's thread when it is 1 (an in-process engine,
+    vLLM's LLM, runs where it was built); the first exception sets ``stop`` (other samplers end too) and is raised."""
+    if concurrency <= 1:
+        try:
+            for i in range(n_jobs):
+                run(i)
+        except BaseException:
+            stop.set()
+            raise
+        return
     with ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(run, i) for i in range(n_jobs)]
         try:
