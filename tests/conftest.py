@@ -1,6 +1,7 @@
 """Shared test setup: one intra-op thread (tiny models are dominated by thread start-up on 2 cores), every core for
-the tests of the real pair (a 1.5B fp32 forward is dominated by its matrix products), and one fp32 load of the real
-pair for every test that needs it (loading it costs tens of seconds)."""
+the tests of the real pair (a 1.5B fp32 forward is dominated by its matrix products), one fp32 load of the real
+pair for every test that needs it (loading it costs tens of seconds), and one load of the pair on the fastest
+backend installed for the tests that need a real pair but not transformers' exact fp32 decode."""
 
 import pytest
 import torch
@@ -30,6 +31,24 @@ def real_engine_fp32():
 
     skip_unless_real_pair()
     return load_engine(drafter="model", target_backend="hf", dtype="float32", cache=False)
+
+
+@pytest.fixture(scope="session")
+def real_engine_fast(request):
+    """The real pair on the fastest backend installed, loaded once per session: llama.cpp target and draft (the
+    GGUFs) where llama-cpp-python is installed, else :func:`real_engine_fp32`. For tests of what sits above the
+    backends (the server, grammars, tool calls), which hold on any backend; equality with transformers' own decode
+    is tested on :func:`real_engine_fp32`."""
+    import importlib.util
+
+    from verispec import load_engine, models
+    from verispec.testing import skip_unless_real_pair
+
+    skip_unless_real_pair()
+    if importlib.util.find_spec("llama_cpp") is None or not all(
+            models.gguf_path(m).is_file() for m in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT)):
+        return request.getfixturevalue("real_engine_fp32")
+    return load_engine(drafter="llamacpp", target_backend="llamacpp", cache=False)
 
 
 @pytest.fixture(scope="session")

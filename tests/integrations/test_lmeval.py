@@ -39,13 +39,17 @@ def _lm_eval(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_stock_lm_eval_finds_verispec():
-    code = ("from lm_eval.api.registry import get_model; from verispec.integrations.lmeval import VerispecLM; "
-            "assert get_model('verispec') is VerispecLM; assert get_model('hf').__name__ == 'HFLM'; print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    """lm-eval's registry knows verispec's model, and its own built-in models are still there."""
+    from lm_eval.api.registry import get_model
+
+    from verispec.integrations.lmeval import VerispecLM
+
+    assert get_model("verispec") is VerispecLM and get_model("hf").__name__ == "HFLM"
 
 
 def test_a_bad_model_arg_is_named_through_the_console_script(tmp_path):
+    """The stock console script, in a fresh interpreter that never imported verispec, finds the model (the error
+    is verispec's own) and names the bad key."""
     proc = _lm_eval("--model_args", "rule=lenience,l=0.5,bogus=1", tmp_path=tmp_path)
     assert proc.returncode != 0
     assert "rule 'lenience' has no parameter(s) bogus" in proc.stderr, proc.stderr[-2000:]

@@ -107,10 +107,11 @@ def test_forced_call_grammar_admits_exactly_valid_calls(tokenizer):
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_real_pair_forced_tool_call_through_the_client(real_engine_fp32):
-    """The real pair served (fp32), the official client: ``tool_choice`` naming a function gives exactly one call
-    of it whose arguments validate against its schema, ``finish_reason`` ``tool_calls``, no content; the streamed
-    answer (tool_calls delta) equals the non-streamed one; a tool conversation is answered as text."""
+def test_real_pair_forced_tool_call_through_the_client(real_engine_fast):
+    """The real pair served (on the fastest backend installed), the official client: ``tool_choice`` naming a
+    function gives exactly one call of it whose arguments validate against its schema, ``finish_reason``
+    ``tool_calls``, no content; the streamed answer (tool_calls delta) equals the non-streamed one; a tool
+    conversation is answered as text."""
     jsonschema = pytest.importorskip("jsonschema")
     openai = pytest.importorskip("openai")
     from verispec.server import create_app
@@ -120,7 +121,7 @@ def test_real_pair_forced_tool_call_through_the_client(real_engine_fp32):
     kw = dict(model="m", messages=msgs, tools=[WEATHER, TIME], temperature=0, max_tokens=48,
               tool_choice={"type": "function", "function": {"name": "get_weather"}},
               extra_body={"speculative": {"gamma": 3}})
-    with BackgroundServer(create_app(real_engine_fp32, model_name="m")) as srv:
+    with BackgroundServer(create_app(real_engine_fast, model_name="m")) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=300.0, max_retries=0)
         r = client.chat.completions.create(**kw)
         choice = r.choices[0]
@@ -145,5 +146,5 @@ def test_real_pair_forced_tool_call_through_the_client(real_engine_fp32):
                                             max_tokens=8)
         answer = r2.choices[0]
         assert (answer.message.content or answer.message.tool_calls) and answer.finish_reason != "error"
-    ref = real_engine_fp32.generate("hi", chat=True, sampling=SamplingConfig(temperature=0), max_new_tokens=1)
+    ref = real_engine_fast.generate("hi", chat=True, sampling=SamplingConfig(temperature=0), max_new_tokens=1)
     assert ref.token_ids  # the engine still serves after the server stopped
