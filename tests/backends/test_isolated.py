@@ -151,7 +151,7 @@ def _tokens(run_dir: Path) -> dict[str, list[int]]:
 
 @pytest.mark.real
 def test_real_pair_sweep_is_identical_at_batch_1_batch_4_and_in_shards(tmp_path):
-    """4 units (2 HumanEval problems x 2 seeds, lossless, T = 0.7, 12 new tokens: at least two rounds of gamma 5;
+    """4 units (2 GSM8K questions x 2 seeds, lossless, T = 0.7, 12 new tokens: at least two rounds of gamma 5;
     llama.cpp target and draft, each row on contexts of its own): every unit's tokens are the same run at batch
     size 1, at batch size 4, and as 2 shards of which one stops after one unit and is resumed. (The transformers
     target's isolated rows are checked bit for bit above; a sweep on it costs minutes of bf16 on a CPU without
@@ -159,7 +159,7 @@ def test_real_pair_sweep_is_identical_at_batch_1_batch_4_and_in_shards(tmp_path)
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed")
     skip_unless_real_pair()
     cfg = parse_config({"name": "det", "seeds": [0, 1], "temperature": 0.7, "gamma": 5, "max_new_tokens": 12,
-                        "deterministic": True, "tasks": [{"name": "humaneval", "limit": 2}],
+                        "deterministic": True, "tasks": [{"name": "gsm", "limit": 2}],
                         "methods": [{"rule": "lossless"}],
                         "models": {"target_backend": "llamacpp", "drafter": "llamacpp", "threads": 2}})
     runs = {}
