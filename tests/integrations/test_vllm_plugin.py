@@ -35,6 +35,29 @@ def test_rule_of_extra_args():
     assert exc.value.param == "verification.params"
 
 
+def test_early_exit_copy_keeps_the_first_layers_and_refuses_a_bad_cut(tmp_path):
+    """The test pair's draft maker on a tiny Qwen2 of 3 layers: a 2-layer copy computes exactly what the original's
+    first 2 layers, final norm and output layer compute; a cut that keeps no layer or every layer is refused."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verispec.testing import early_exit_copy, tiny_qwen
+
+    model = tiny_qwen(3, num_layers=3, logit_scale=4.0)
+    model.save_pretrained(tmp_path / "src")
+    copy = AutoModelForCausalLM.from_pretrained(early_exit_copy(tmp_path / "src", 2, tmp_path / "dst")).eval()
+    assert copy.config.num_hidden_layers == 2
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states[2]  # after the first 2 layers
+        want = model.lm_head(model.model.norm(hidden))
+        assert torch.equal(copy(ids).logits, want)
+        assert not torch.allclose(copy(ids).logits, model(ids).logits)
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match=r"layers must be in \[1, 2\]"):
+            early_exit_copy(tmp_path / "src", bad, tmp_path / "bad")
+
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
