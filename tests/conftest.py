@@ -39,13 +39,12 @@ def real_engine_fast(request):
     GGUFs) where llama-cpp-python is installed, else :func:`real_engine_fp32`. For tests of what sits above the
     backends (the server, grammars, tool calls), which hold on any backend; equality with transformers' own decode
     is tested on :func:`real_engine_fp32`."""
-    import importlib.util
-
     from verispec import load_engine, models
+    from verispec.defaults import llamacpp_installed
     from verispec.testing import skip_unless_real_pair
 
     skip_unless_real_pair()
-    if importlib.util.find_spec("llama_cpp") is None or not all(
+    if not llamacpp_installed() or not all(
             models.gguf_path(m).is_file() for m in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT)):
         return request.getfixturevalue("real_engine_fp32")
     return load_engine(drafter="llamacpp", target_backend="llamacpp", cache=False)

@@ -63,10 +63,11 @@ def _sandbox_limits():  # first, before the code is read: rlimits, then (uid mod
     import os, resource
     for name, soft, hard in LIMITS:
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    if DROP_UID:
+    uid = DROP_TO_UID
+    if uid is not None:
         os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+        os.setgid(uid)
+        os.setuid(uid)
 _sandbox_limits()
 del _sandbox_limits
 def _sandbox_boot():
@@ -364,7 +365,7 @@ def run_python(
     if packages:
         cpu += PRELOAD_CPU_S  # the hard limit leaves room for the imports; the bootstrap lowers the soft one
     boot = boot.replace("in LIMITS:", f"in {_limits(memory_mb, cpu, fsize_mb, nofile, nproc)!r}:").replace(
-        "if DROP_UID:", f"if {drop_uid and mode == 'uid'}:").replace("(NOBODY)", f"({NOBODY})")
+        "DROP_TO_UID", repr(NOBODY if drop_uid and mode == "uid" else None))
     scratch = tempfile.mkdtemp(prefix="verispec-sbx-")
     env = {"PATH": _SAFE_PATH, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
     if packages:
