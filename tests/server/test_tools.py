@@ -90,7 +90,11 @@ def test_forced_call_grammar_admits_exactly_valid_calls(tokenizer):
     eos = 151645
     compiler = GrammarCompiler(tokenizer, 151936, [eos])
     fmt = parse_tool_calling([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}}
-                             ).response_format()
+                             ).response_format(compiler.literal)
+    # the marker is text where llguidance reads Qwen2.5's added token as text (1.8+), its token where it holds it
+    # special (before 1.8); either way the tokenizer's own encoding of a call is accepted, checked below
+    assert compiler.literal("<tool_call>") in ('"<tool_call>"', "<[151657]>")
+    assert compiler.literal("plain text") == '"plain text"'
 
     def valid(body: str) -> tuple[int, int]:
         ids = tokenizer.encode(f"<tool_call>\n{body}\n</tool_call>", add_special_tokens=False) + [eos]
@@ -103,6 +107,18 @@ def test_forced_call_grammar_admits_exactly_valid_calls(tokenizer):
                 '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "kelvin"}}'):
         n, total = valid(bad)
         assert n < total - 2, bad
+
+    # speculative verification consumes each candidate prefix and rolls back over it, the marker token included:
+    # after every prefix of a call has been scored on one row, the row still accepts the whole call, then takes it
+    good = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    ids = tokenizer.encode(f"<tool_call>\n{good}\n</tool_call>", add_special_tokens=False)
+    row = compiler.constraint(fmt)
+    for k in range(len(ids)):
+        mask = row.allowed(ids[:k])
+        assert mask is not None and bool(mask[ids[k]]) and not bool(mask[eos]), k
+    assert row.valid_prefix(ids + [eos]) == len(ids) + 1
+    row.commit(ids)
+    assert bool(row.allowed([])[eos])
 
 
 @pytest.mark.real

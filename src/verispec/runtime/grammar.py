@@ -134,6 +134,17 @@ class GrammarCompiler:
             raise ValueError(f"response_format: the grammar does not compile: {messages[0]}")
         return grammar
 
+    def literal(self, text: str) -> str:
+        """A Lark expression matching ``text`` as this tokenizer writes it: the string literal, or the token lexeme
+        ``<[id]>`` where ``text`` is one token that llguidance treats as special. llguidance before 1.8 treats every
+        added token (Qwen2.5's ``<tool_call>`` among them) as special and matches no string literal against it: its
+        mask offers the token for the literal, then its parser refuses the token. From 1.8 on, an added token that
+        the tokenizer does not mark special is text, and the literal is right."""
+        ids = self.tokenizer.tokenize_str(text)
+        if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return json.dumps(text)
+
     def constraint(self, fmt: Mapping[str, Any] | None) -> GrammarConstraint | None:
         """A fresh row constraint for ``fmt`` (None for no format or text)."""
         grammar = self.grammar(fmt) if fmt is not None else None

@@ -437,15 +437,16 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             settings.sampling.check_vocab(vocab)
         except ValueError as exc:
             raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
-        fmt, fmt_param = settings.response_format, "response_format"
-        if settings.tools is not None and settings.tools.forced:
-            fmt, fmt_param = settings.tools.response_format(), "tools"
-        if fmt is not None:
-            try:
+        forced = settings.tools is not None and settings.tools.forced
+        fmt, fmt_param = settings.response_format, "tools" if forced else "response_format"
+        try:
+            if forced:
+                fmt = settings.tools.response_format(engine.grammar.literal)  # type: ignore[union-attr]
+            if fmt is not None:
                 engine.grammar.grammar(fmt)
-            except (ValueError, ImportError) as exc:
-                msg = str(exc).replace("response_format", "tools' parameters") if fmt_param == "tools" else str(exc)
-                raise APIError(400, msg, param=fmt_param, code="invalid_value") from None
+        except (ValueError, ImportError) as exc:
+            msg = str(exc).replace("response_format", "tools' parameters") if fmt_param == "tools" else str(exc)
+            raise APIError(400, msg, param=fmt_param, code="invalid_value") from None
         if engine.proposes_trees:
             try:
                 check_tree_rule(settings.rule)

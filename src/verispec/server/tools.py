@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,13 +57,15 @@ class ToolCalling:
         """The answer must be a call (``required`` or a named function)."""
         return self.choice != "auto"
 
-    def response_format(self) -> dict[str, Any] | None:
+    def response_format(self, literal: Callable[[str], str] = json.dumps) -> dict[str, Any] | None:
         """The grammar of a forced call (None for ``auto``): ``<tool_call>\n{"name": N, "arguments": A}\n
         </tool_call>``, N a permitted function's name and A valid under that function's ``parameters``.
 
-        The markers are matched as text: llguidance (1.9) cannot roll a matcher back over a token-id lexeme
-        (``<[151657]>``), and speculative verification rolls back after every candidate prefix; where the
-        tokenizer has ``<tool_call>`` as one token (Qwen2.5), the grammar spells it in pieces instead."""
+        ``literal`` writes each marker as a Lark expression; pass the engine's
+        :meth:`~verispec.runtime.grammar.GrammarCompiler.literal`, which matches a marker as text where the grammar
+        library reads the marker's token as text (llguidance 1.8 and later: a token-id lexeme there cannot be rolled
+        back over, and speculative verification rolls back after every candidate prefix) and as its token where
+        the library holds the token special (llguidance before 1.8 matches no text against it)."""
         if not self.forced:
             return None
         names = self.names if self.choice == "required" else (self.choice,)
@@ -71,7 +74,7 @@ class ToolCalling:
                                                      "arguments": by_name[n].get("parameters") or {"type": "object"}},
                     "required": ["name", "arguments"], "additionalProperties": False} for n in names]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
-        start, end = json.dumps(OPEN + "\n"), json.dumps("\n" + CLOSE)  # Lark string literals
+        start, end = f'{literal(OPEN)} "\\n"', f'"\\n" {literal(CLOSE)}'
         lark = f"start: {start} call {end}\ncall: %json {json.dumps(schema)}\n"
         return {"type": "grammar", "grammar": lark}
 
