@@ -20,7 +20,7 @@ difference and whether the greedy flag and the generated text are identical, and
 
     python benchmarks/lm_eval.py --limit 12 --out docs/results/lm_eval.json --md docs/results/lm_eval.md
 
-Not a test: it records what it measures (``tests/eval/test_lm_eval.py`` runs a short version).
+Not a test: it records what it measures (``tests/integrations/test_lmeval.py`` runs a short version).
 """
 
 from __future__ import annotations
