@@ -2,11 +2,11 @@
 
 Usage (from the test, under ``unshare --net --pid --fork --kill-child --mount-proc``):
 
-    python3 ray_driver.py lo-up                      # bring the namespace's loopback up (no `ip` needed)
-    python3 ray_driver.py phases SPEC.json OUT.json   # one local Ray instance, the phases of SPEC in order
+    python3 ray_driver.py lo-up                               # bring the namespace's loopback up (no `ip` needed)
+    python3 ray_driver.py phases SPEC.json OUT.json HOST:PORT  # the phases of SPEC in order, on that cluster
 
-SPEC: ``{"temp_dir", "cpus", "phases": [{"name", "config", "run_dir", "workers", "factory", "kill_after"}]}``;
-each phase's summary (or error) goes to OUT. ``factory`` "flaky" makes every unit with the generation seed
+SPEC: ``{"phases": [{"name", "config", "run_dir", "workers", "factory", "kill_after"}]}``; each phase's summary (or
+error) goes to OUT. ``factory`` "flaky" makes every unit with the generation seed
 of (seed 0, toy/1) raise; "kill_after": N SIGKILLs one worker process while it runs a unit, once the results
 file holds N lines.
 """
@@ -72,14 +72,13 @@ def kill_one_worker(results: Path, after_lines: int, deadline: float, seen: dict
         time.sleep(0.005)
 
 
-def run_phases(spec_path: str, out_path: str) -> None:
+def run_phases(spec_path: str, out_path: str, address: str) -> None:
     import ray
 
     from verispec.eval.ray_runner import RayOptions, run_sweep_ray
 
     spec = json.loads(Path(spec_path).read_text())
-    ray.init(address="local", num_cpus=spec["cpus"], object_store_memory=200 * 1024**2, include_dashboard=False,
-             _temp_dir=spec["temp_dir"], logging_level="WARNING")
+    ray.init(address=address, logging_level="WARNING")
     report: dict[str, Any] = {}
     try:
         for ph in spec["phases"]:
@@ -112,4 +111,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "lo-up":
         loopback_up()
     else:
-        run_phases(sys.argv[2], sys.argv[3])
+        run_phases(sys.argv[2], sys.argv[3], sys.argv[4])

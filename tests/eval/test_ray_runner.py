@@ -4,8 +4,8 @@ cluster.
 Everything Ray runs inside a private network namespace and PID namespace (``unshare --net --pid --kill-child``):
 Ray's servers listen on every interface of the namespace they run in, and this one has only loopback; when the
 namespace's first process exits, the kernel ends every process in it, so no Ray process outlives a test (the
-cluster test also runs ``ray stop --force`` there, which sees only that namespace's processes). One local Ray
-instance (2 CPUs) serves the phases of tests 1-3 and the failure tests; the cluster test starts its own nodes.
+script also runs ``ray stop --force`` there at its end, which sees only that namespace's processes). One cluster
+of two nodes (``ray start``, 1 CPU each) serves every Ray test: the CLI's run first, then the other phases.
 """
 
 from __future__ import annotations
@@ -99,26 +99,47 @@ def _same_results(ray_dir: Path, local_dir: Path) -> None:
             assert a[key][field] == b[key][field], f"{key}: {field} differs between the Ray and the local run"
 
 
-@pytest.fixture(scope="module")
-def phases(tmp_path_factory):
-    """One local Ray instance (2 CPUs) in a private namespace runs these sweeps in order:
+CLUSTER = r"""
+set -eu
+"$PY" "$DRIVER" lo-up
+PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+trap 'ray stop --force > "$T/stop.log" 2>&1' EXIT
+common="--node-ip-address=127.0.0.1 --num-cpus=1 --object-store-memory=100000000 --disable-usage-stats"
+ray start --head --port="$PORT" --include-dashboard=false --temp-dir="$T" $common > "$T/head.log" 2>&1
+ray start --address="127.0.0.1:$PORT" $common > "$T/node.log" 2>&1
+"$PY" -c 'import sys, ray; ray.init(address=sys.argv[1], logging_level="WARNING");
+print("alive nodes:", sum(n["Alive"] for n in ray.nodes()))' "127.0.0.1:$PORT" > "$W/nodes.out"
+set +e
+"$PY" -m verispec.cli.main bench run "$W/full.toml" --out "$W/full" --ray "127.0.0.1:$PORT" --no-progress \
+  > "$W/cli.out" 2> "$W/cli.err"
+echo $? > "$W/cli.rc"
+set -e
+"$PY" "$DRIVER" phases "$W/spec.json" "$W/phases.json" "127.0.0.1:$PORT"
+"""
 
-    full:   the toy grid (32 units) from scratch on 2 workers
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One Ray cluster in a private namespace: ``ray start --head`` plus a second node joining it on 127.0.0.1,
+    1 CPU each. On it, in order:
+
+    full:   ``verispec bench run --ray 127.0.0.1:PORT`` (the CLI), the toy grid (32 units) from scratch
     again:  the same directory again (nothing to run)
-    kill:   a 32-unit grid whose directory a local run started (8 units); one worker SIGKILLed mid-unit
+    kill:   the same grid in a directory a local run started (8 units); one worker SIGKILLed mid-unit
     flaky:  every unit of (seed 0, toy/1) raises on its worker
     broken: a target that does not exist: no worker can start
+
+    The phases after the first run through ``ray_driver.py``, connected to the same cluster.
     """
     root = tmp_path_factory.mktemp("ray")
-    cfgs = {"full": _toy(root / "full.toml"), "kill": _toy(root / "kill.toml", max_new_tokens=48),
+    # 48 new tokens a unit: about 8 s of work, so both nodes' workers are up before the grid is done
+    cfgs = {"full": _toy(root / "full.toml", max_new_tokens=48), "kill": _toy(root / "kill.toml", max_new_tokens=48),
             "flaky": _toy(root / "flaky.toml", seeds=(0,), limit=2)}
     broken = root / "broken.toml"
     broken.write_text(cfgs["flaky"].read_text().replace('target = "toy"', 'target = "/nonexistent/model"\n'
                                                                           'drafter = "none"'))
     run_sweep(cfgs["kill"], root / "kill", progress=False, max_units=8)  # a local run, cut short
-    temp_dir = tempfile.mkdtemp(prefix="vsray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    spec = {"temp_dir": temp_dir, "cpus": 2, "phases": [
-        {"name": "full", "config": str(cfgs["full"]), "run_dir": str(root / "full"), "workers": 2},
+    spec = {"phases": [
         {"name": "again", "config": str(cfgs["full"]), "run_dir": str(root / "full"), "workers": 2},
         {"name": "kill", "config": str(cfgs["kill"]), "run_dir": str(root / "kill"), "workers": 2,
          "kill_after": 8 + 3},
@@ -127,38 +148,55 @@ def phases(tmp_path_factory):
         {"name": "broken", "config": str(broken), "run_dir": str(root / "broken"), "workers": 1},
     ]}
     (root / "spec.json").write_text(json.dumps(spec))
-    out = root / "out.json"
-    py = sys.executable
-    script = f'"{py}" "{DRIVER}" lo-up && exec "{py}" "{DRIVER}" phases "{root / "spec.json"}" "{out}"'
+    temp_dir = tempfile.mkdtemp(prefix="vsray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = _env() | {"PY": sys.executable, "DRIVER": str(DRIVER), "T": temp_dir, "W": str(root)}
     try:
-        r = subprocess.run([*UNSHARE, "bash", "-c", script], env=_env(), capture_output=True, text=True,
+        r = subprocess.run([*UNSHARE, "bash", "-c", CLUSTER], env=env, capture_output=True, text=True,
                            timeout=600)  # a bound, generous for a loaded 2-core machine
+        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-2000:]}" for p in Path(temp_dir).glob("*.log"))
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
-    assert r.returncode == 0 and out.exists(), f"driver failed ({r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
-    return root, cfgs, json.loads(out.read_text())
+    out = root / "phases.json"
+    assert r.returncode == 0 and out.exists(), \
+        f"cluster run failed ({r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}{logs}"
+    cli = {"rc": int((root / "cli.rc").read_text()), "stdout": (root / "cli.out").read_text(),
+           "stderr": (root / "cli.err").read_text(), "nodes": (root / "nodes.out").read_text()}
+    return root, cfgs, cli, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def local_run(cluster, tmp_path_factory):
+    """The same 32-unit grid run locally: what every Ray run of it must equal."""
+    root, cfgs, _, _ = cluster
+    local = tmp_path_factory.mktemp("local") / "run"
+    run_sweep(cfgs["full"], local, progress=False)
+    return local
 
 
 @needs_ray
-def test_ray_run_equals_local_run(phases, tmp_path):
-    """Test 1: the toy sweep on 2 Ray workers gives every unit exactly once, identical to a local run."""
-    root, cfgs, rep = phases
-    s = rep["full"]["summary"]
-    assert (s["completed"], s["skipped"], s["failed"], s["workers"], s["lost_workers"]) == (32, 0, 0, 2, 0)
+def test_two_node_cluster_run_equals_local_run(cluster, local_run):
+    """Tests 1 and 4: `verispec bench run --ray 127.0.0.1:PORT` on the two-node cluster runs a worker on each node
+    and every unit exactly once, identical to a local run."""
+    root, cfgs, cli, _ = cluster
+    assert cli["rc"] == 0, f"cluster run failed:\n{cli['stdout'][-3000:]}{cli['stderr'][-3000:]}"
+    assert "alive nodes: 2" in cli["nodes"]
+    assert "Ray cluster: 2 node(s), 2 CPUs" in cli["stderr"]
+    ran = {line.rsplit("(node ", 1)[1]: int(line.split()[0]) for line in cli["stderr"].splitlines()
+           if " units ran on pid " in line}
+    assert len(ran) == 2 and all(ran.values()), f"both nodes should have run units:\n{cli['stderr']}"
+    assert sum(ran.values()) == 32
+    assert "32 units done now on 2 Ray workers, 0 were already done, 0 failed" in cli["stdout"]
     keys = _raw_keys(root / "full")
     assert len(keys) == len(set(keys)) == 32 and sorted(keys) == sorted(_grid(cfgs["full"]))
-    assert sum("ready: pid" in line for line in rep["full"]["log"]) == 2
-    local = tmp_path / "local"
-    run_sweep(cfgs["full"], local, progress=False)
-    _same_results(root / "full", local)
+    _same_results(root / "full", local_run)
     assert not (root / "full" / "errors.jsonl").exists()
 
 
 @needs_ray
-def test_second_ray_run_skips_done_units(phases):
+def test_second_ray_run_skips_done_units(cluster):
     """Test 3: the same directory again runs nothing and leaves results.jsonl as it was; a Ray run also resumes
     a directory that a local run started."""
-    root, cfgs, rep = phases
+    root, cfgs, _, rep = cluster
     s = rep["again"]["summary"]
     assert (s["completed"], s["skipped"], s["workers"]) == (0, 32, 0)
     assert not any("Ray cluster" in line for line in rep["again"]["log"]), "nothing to run: no Ray needed"
@@ -168,10 +206,10 @@ def test_second_ray_run_skips_done_units(phases):
 
 
 @needs_ray
-def test_killed_worker_unit_is_retried(phases, tmp_path):
+def test_killed_worker_unit_is_retried(cluster, local_run):
     """Test 2: one worker SIGKILLed while it runs a unit: that unit runs again on a new worker; no unit is lost
     or written twice, the loss is in errors.jsonl, and the results equal a local run's."""
-    root, cfgs, rep = phases
+    root, cfgs, _, rep = cluster
     kill = rep["kill"]
     assert "killed_pid" in kill, "no worker was killed: the sweep ended first (make the units longer)"
     s = kill["summary"]
@@ -183,16 +221,14 @@ def test_killed_worker_unit_is_retried(phases, tmp_path):
     assert len(errs) == 1 and errs[0]["retried"] is True and errs[0]["attempt"] == 1
     assert errs[0]["error"].startswith("worker lost") and f"pid {kill['killed_pid']}" in errs[0]["worker"]
     assert errs[0]["key"] in keys
-    local = tmp_path / "local"
-    run_sweep(cfgs["kill"], local, progress=False)
-    _same_results(root / "kill", local)
+    _same_results(root / "kill", local_run)
 
 
 @needs_ray
-def test_unit_errors_and_dead_pool(phases):
+def test_unit_errors_and_dead_pool(cluster):
     """A unit that raises on a worker is logged as a local failure (and a local run completes it later); a
     pool where no worker can start stops with the engine's error."""
-    root, cfgs, rep = phases
+    root, cfgs, _, rep = cluster
     s = rep["flaky"]["summary"]
     assert (s["completed"], s["failed"], s["lost_workers"]) == (4, 4, 0)
     assert all("boom on purpose" in f for f in s["failures"])
@@ -203,45 +239,6 @@ def test_unit_errors_and_dead_pool(phases):
     err = rep["broken"].get("error", "")
     assert err.startswith("RuntimeError: no Ray worker left") and "nonexistent" in err
     assert not (root / "broken" / RESULTS).exists() or not _raw_keys(root / "broken")
-
-
-CLUSTER = r"""
-set -eu
-"$PY" "$DRIVER" lo-up
-PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-trap 'ray stop --force > "$T/stop.log" 2>&1' EXIT
-common="--node-ip-address=127.0.0.1 --num-cpus=1 --object-store-memory=100000000 --disable-usage-stats"
-ray start --head --port="$PORT" --include-dashboard=false --temp-dir="$T" $common > "$T/head.log" 2>&1
-ray start --address="127.0.0.1:$PORT" $common > "$T/node.log" 2>&1
-"$PY" -c 'import sys, ray; ray.init(address=sys.argv[1], logging_level="WARNING");
-print("alive nodes:", sum(n["Alive"] for n in ray.nodes()))' "127.0.0.1:$PORT"
-"$PY" -m verispec.cli.main bench run "$CFG" --out "$OUT" --ray "127.0.0.1:$PORT" --no-progress
-"""
-
-
-@needs_ray
-def test_two_node_cluster_on_loopback(tmp_path):
-    """Test 4: `ray start --head` plus a second node joining it on 127.0.0.1 (1 CPU each, in a private network
-    namespace), then `verispec bench run --ray 127.0.0.1:PORT`: a worker on each node, the whole grid."""
-    cfg = _toy(tmp_path / "toy.toml", seeds=(0, 1), limit=4, max_new_tokens=48)  # 32 units, about 8 s of work
-    out = tmp_path / "run"
-    temp_dir = tempfile.mkdtemp(prefix="vsray", dir="/tmp")
-    env = _env() | {"PY": sys.executable, "DRIVER": str(DRIVER), "T": temp_dir, "CFG": str(cfg), "OUT": str(out)}
-    try:
-        r = subprocess.run([*UNSHARE, "bash", "-c", CLUSTER], env=env, capture_output=True, text=True, timeout=420)
-        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-2000:]}" for p in Path(temp_dir).glob("*.log"))
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    assert r.returncode == 0, f"cluster run failed ({r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}{logs}"
-    assert "alive nodes: 2" in r.stdout
-    assert "Ray cluster: 2 node(s), 2 CPUs" in r.stderr
-    ran = {line.rsplit("(node ", 1)[1]: int(line.split()[0]) for line in r.stderr.splitlines()
-           if " units ran on pid " in line}
-    assert len(ran) == 2 and all(ran.values()), f"both nodes should have run units:\n{r.stderr}"
-    assert sum(ran.values()) == 32
-    assert "32 units done now on 2 Ray workers, 0 were already done, 0 failed" in r.stdout
-    keys = _raw_keys(out)
-    assert len(keys) == len(set(keys)) == 32 and sorted(keys) == sorted(_grid(cfg))
 
 
 # ------------------------------------------------------------------------------------------ without a cluster
