@@ -78,7 +78,9 @@ def contender(engine: Engine, gamma: int | str | None) -> Callable[[list[int], S
     def fn(ids: list[int], cfg: SamplingConfig, seed: int) -> dict:
         reset_caches(engine)
         spent = probe_spent(engine)
-        res = engine.generate(ids, sampling=cfg, gamma=gamma, max_new_tokens=ARGS.max_new_tokens, seed=seed)
+        # no gamma for an engine without a drafter: the request schema takes none (it decodes plainly)
+        kw = {} if gamma is None else {"gamma": gamma}
+        res = engine.generate(ids, sampling=cfg, max_new_tokens=ARGS.max_new_tokens, seed=seed, **kw)
         m = res.metrics
         return {"tokens": len(res.token_ids), "seconds": m.total_s, "accepted": m.accepted, "drafted": m.drafted,
                 "gammas": dict(m.gamma_counts), "ids": res.token_ids, "probe_s": probe_spent(engine) - spent,

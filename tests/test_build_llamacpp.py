@@ -38,16 +38,3 @@ def test_intel_cpu_gets_avx512_but_never_amx(tmp_path):
 def test_partial_avx512_is_not_enough(tmp_path, missing):
     f = flags(tmp_path, INTEL_AMX.replace(f" {missing}", ""))
     assert f["GGML_AVX512"] == "OFF" and f["GGML_AVX512_VNNI"] == "OFF"
-
-
-AVX512_NO_AMX = INTEL_AMX.replace(" amx_bf16 amx_tile amx_int8", "")
-
-
-@pytest.mark.parametrize("cpu, builds", [(AVX2_ONLY, True), (AVX512_NO_AMX, True), (INTEL_AMX, False)])
-def test_default_install_builds_where_there_is_no_amx(tmp_path, cpu, builds):
-    """The README's first command builds llama.cpp on CPUs without AMX (AVX2, AVX-512), not with AMX."""
-    info = tmp_path / "cpuinfo"
-    info.write_text(f"processor\t: 0\nflags\t\t: {cpu}\n")
-    out = subprocess.run(["bash", str(SCRIPT), "--default"], env={"CPUINFO": str(info), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True)
-    assert (out.returncode == 0) == builds, out.stdout

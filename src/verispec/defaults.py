@@ -62,9 +62,9 @@ DEFAULT_DTYPE = "bfloat16"
 DEFAULT_DRAFTER = "model"
 DEFAULT_TARGET_BACKEND = "hf"
 #: ``verispec generate``, ``verispec serve`` and :func:`verispec.generate` default to "auto" for both: llama.cpp
-#: runs the target and the draft when llama-cpp-python is installed (``install.sh`` builds it on CPUs without AMX,
-#: ``install.sh fast`` on any) and the models run on the CPU, since there it is several times faster than
-#: transformers (README "Performance"); else transformers.
+#: runs the target and the draft when llama-cpp-python is installed (``install.sh`` builds it) and the models run on
+#: the CPU, since there it is several times faster than transformers on every CPU kind measured (README
+#: "Performance"); else transformers.
 #: "auto" drafter per target backend: the draft model's chain on transformers (a block of a few tokens costs little
 #: more than one step there, so the draft pays: 1.15-1.7x the target alone, docs/results/schedule.md); prompt
 #: lookup on llama.cpp, whose block cost grows with its length on a CPU: there the draft model did not pay (the
