@@ -135,11 +135,11 @@ class GrammarCompiler:
         return grammar
 
     def literal(self, text: str) -> str:
-        """A Lark expression matching ``text`` as this tokenizer writes it: the string literal, or the token lexeme
-        ``<[id]>`` where ``text`` is one token that llguidance treats as special. llguidance before 1.8 treats every
-        added token (Qwen2.5's ``<tool_call>`` among them) as special and matches no string literal against it: its
-        mask offers the token for the literal, then its parser refuses the token. From 1.8 on, an added token that
-        the tokenizer does not mark special is text, and the literal is right."""
+        """A Lark expression matching ``text`` as this tokenizer writes it: the token lexeme ``<[id]>`` where ``text``
+        is one token that llguidance holds special, else the string literal. llguidance (1.7.6 and 1.9.1 alike) holds
+        every added token of a Hugging Face tokenizer special, Qwen2.5's ``<tool_call>`` among them, and matches no
+        string literal against one: its mask offers the token for the literal, then its parser refuses the token.
+        A tokenizer given as a list of token strings (the toy's) declares no special token and gets the literal."""
         ids = self.tokenizer.tokenize_str(text)
         if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]):
             return f"<[{ids[0]}]>"

@@ -62,10 +62,9 @@ class ToolCalling:
         </tool_call>``, N a permitted function's name and A valid under that function's ``parameters``.
 
         ``literal`` writes each marker as a Lark expression; pass the engine's
-        :meth:`~verispec.runtime.grammar.GrammarCompiler.literal`, which matches a marker as text where the grammar
-        library reads the marker's token as text (llguidance 1.8 and later: a token-id lexeme there cannot be rolled
-        back over, and speculative verification rolls back after every candidate prefix) and as its token where
-        the library holds the token special (llguidance before 1.8 matches no text against it)."""
+        :meth:`~verispec.runtime.grammar.GrammarCompiler.literal`, which writes a marker as its token where the
+        grammar library holds that token special (and would refuse it against the text), else as text. The default
+        (text) suits a tokenizer where the marker is plain text."""
         if not self.forced:
             return None
         names = self.names if self.choice == "required" else (self.choice,)
