@@ -167,7 +167,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_run(cluster, tmp_path_factory):
     """The same 32-unit grid run locally: what every Ray run of it must equal."""
-    root, cfgs, _, _ = cluster
+    _, cfgs, _, _ = cluster
     local = tmp_path_factory.mktemp("local") / "run"
     run_sweep(cfgs["full"], local, progress=False)
     return local

@@ -437,11 +437,11 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             settings.sampling.check_vocab(vocab)
         except ValueError as exc:
             raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
-        forced = settings.tools is not None and settings.tools.forced
-        fmt, fmt_param = settings.response_format, "tools" if forced else "response_format"
+        tools = settings.tools if settings.tools is not None and settings.tools.forced else None
+        fmt, fmt_param = settings.response_format, "response_format" if tools is None else "tools"
         try:
-            if forced:
-                fmt = settings.tools.response_format(engine.grammar.literal)  # type: ignore[union-attr]
+            if tools is not None:
+                fmt = tools.response_format(engine.grammar.literal)
             if fmt is not None:
                 engine.grammar.grammar(fmt)
         except (ValueError, ImportError) as exc:
