@@ -438,10 +438,9 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
         except ValueError as exc:
             raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
         tools = settings.tools if settings.tools is not None and settings.tools.forced else None
-        fmt, fmt_param = settings.response_format, "response_format" if tools is None else "tools"
+        fmt_param = "response_format" if tools is None else "tools"
         try:
-            if tools is not None:
-                fmt = tools.response_format(engine.grammar.literal)
+            fmt = settings.response_format if tools is None else tools.response_format(engine.grammar.literal)
             if fmt is not None:
                 engine.grammar.grammar(fmt)
         except (ValueError, ImportError) as exc:
