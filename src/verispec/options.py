@@ -191,12 +191,17 @@ class Option:
             if not isinstance(value, Mapping):
                 raise self._bad(name, "an object mapping token ids to biases", value)
             out: dict[int, float] = {}
+            given: dict[int, Any] = {}  # token -> the key that named it ("1" and "01" name one token)
             for key, bias in value.items():
                 tok = key if isinstance(key, int) and not isinstance(key, bool) else None
-                if json_body and isinstance(key, str) and key.strip().lstrip("-").isdigit():
+                if json_body and isinstance(key, str) and key.strip().lstrip("-").isascii() \
+                        and key.strip().lstrip("-").isdigit():  # "²" is a digit to isdigit(), not to int()
                     tok = int(key)
                 if tok is None or tok < 0:
                     raise OptionError(name, f"{name}: keys must be token ids (integers >= 0), got {key!r}")
+                if tok in given:
+                    raise OptionError(name, f"{name}: token {tok} is given twice ({given[tok]!r} and {key!r})")
+                given[tok] = key
                 if not isinstance(bias, int | float) or isinstance(bias, bool) \
                         or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                     raise OptionError(name, f"{name}: the bias of token {tok} must be a number in "
@@ -266,8 +271,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _o("min_p", "float", None, "min-p p_base (Eq. 5): keep tokens of probability >= p_base x the top one.",
        "sampling", nullable=True, ge=0, le=1),
     _o("eta", "float", None, "eta-sampling epsilon (Eq. 6).", "sampling", nullable=True, gt=0, le=1),
+    # [0.1, 10]: a penalty and its inverse are mirror images; far below 0.1 dividing the logits overflows them
     _o("repetition_penalty", "float", 1.0, "Repetition penalty (CTRL style, over prompt and output; 1: off).",
-       "sampling", gt=0, le=10),
+       "sampling", ge=0.1, le=10),
     _o("frequency_penalty", "float", 0.0, "Frequency penalty (per occurrence in the output; 0: off).", "sampling",
        ge=-2, le=2),
     _o("presence_penalty", "float", 0.0, "Presence penalty (once per token present in the output; 0: off).",

@@ -60,6 +60,15 @@ def test_temperature_half_squares():
     assert close(out, [1 / 14, 4 / 14, 9 / 14])
 
 
+def test_a_vanishing_temperature_is_its_limit_not_nan():
+    """T = 1e-310 (logits / T overflow float64): the limit law, uniform over the argmax ties, never NaN; for target
+    (float32 logits) and a masked token alike."""
+    for dtype in (torch.float64, torch.float32):
+        logits = torch.tensor([1.0, 3.0, 3.0, float("-inf"), -2.0], dtype=dtype)
+        out = probs_from_logits(logits, SamplingConfig(temperature=1e-310))
+        assert close(out, [0.0, 0.5, 0.5, 0.0, 0.0])
+
+
 def test_output_dtype_and_normalized():
     out = probs_from_logits(torch.randn(4, 11, dtype=torch.float32), SamplingConfig(temperature=0.7))
     assert out.dtype == torch.float64

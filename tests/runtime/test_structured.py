@@ -17,7 +17,7 @@ from verispec.core.sampling import SamplingConfig, process
 from verispec.drafters import ModelDrafter, NgramDrafter
 from verispec.drafters.tree import TreeDrafter
 from verispec.runtime.engine import Engine
-from verispec.testing import ToyTokenizer, chi_square_pvalue, tiny_qwen
+from verispec.testing import ToyTokenizer, chi_square_pvalue, tiny_qwen, toy_engine
 
 V = 64  # the toy tokenizer's alphabet: a = 0, b = 1, c = 2, ..., "\n" = 63
 REGEX = {"type": "regex", "regex": "(ab|ba|cc)[abc]"}
@@ -117,6 +117,23 @@ def test_bad_response_formats_are_named(pair):
                      max_new_tokens=2)
     with pytest.raises(ValueError, match="response_format.regex must be a string"):
         eng.generate([1, 2], response_format={"type": "regex"}, max_new_tokens=2)
+
+
+def test_a_grammar_no_token_can_start_is_refused_and_one_that_dead_ends_fails_its_row_alone():
+    """The toy tokenizer writes only letters, digits, space and newline: a grammar none of its tokens can start is
+    a ValueError naming response_format before anything runs; one it can start but not go on with ("a<b": no
+    token writes "<") fails its own row, finish_reason "error" naming the grammar, while the row batched with it
+    decodes exactly as alone (greedy, gamma 3)."""
+    eng, greedy = toy_engine("model", cache=False), SamplingConfig(temperature=0)
+    with pytest.raises(ValueError, match="response_format: no text matches it"):
+        eng.generate("hello", sampling=greedy, max_new_tokens=4, response_format={"type": "regex", "regex": "<"})
+    alone = eng.generate("steady", sampling=greedy, max_new_tokens=12, gamma=3)
+    good, bad = eng.generate(["steady", "hello"], sampling=greedy, max_new_tokens=12, gamma=3,
+                             response_format=[None, {"type": "regex", "regex": "a<b"}])
+    assert good.text == alone.text and good.finish_reason == "length"
+    assert bad.finish_reason == "error" and ("grammar" in bad.error or "response_format" in bad.error), bad.error
+    with pytest.raises((RuntimeError, ValueError), match="grammar|response_format"):
+        eng.generate("hello", sampling=greedy, max_new_tokens=12, response_format={"type": "regex", "regex": "a<b"})
 
 
 @pytest.mark.real

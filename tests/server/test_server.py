@@ -193,6 +193,37 @@ def test_stop_string_is_never_streamed_past(server, reference):
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices[0].finish_reason] == ["stop"]
 
 
+def _fresh_stop(text: str) -> str:
+    """Two characters of ``text`` that first occur after its first few (a stop string that cuts it mid-way)."""
+    return next(text[i : i + 2] for i in range(6, len(text) - 1) if text.find(text[i : i + 2]) == i)
+
+
+def test_logprobs_end_where_the_text_stops(server, reference):
+    """With a stop string and logprobs, the entries are those of the tokens the text keeps (their tokens join to the
+    text), streamed and not, at both endpoints: none for the stop string's own tokens (speculation commits them in
+    the round that finds the stop, gamma 3)."""
+    c = client(server)
+    spec = {"speculative": {"gamma": 3}}
+    base = reference.generate("stop here", sampling=GREEDY, max_new_tokens=40, gamma=3).text
+    stop = _fresh_stop(base)
+    cut = base[: base.find(stop)]
+    kw = dict(model=MODEL, prompt="stop here", max_tokens=40, temperature=0, stop=[stop], extra_body=spec)
+    full = c.completions.create(logprobs=1, **kw)
+    assert full.choices[0].text == cut and "".join(full.choices[0].logprobs.tokens) == cut
+    streamed = [ch for ch in c.completions.create(logprobs=1, stream=True, **kw) if ch.choices]
+    assert "".join(t for ch in streamed if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens) == cut
+    msgs = [{"role": "user", "content": "stop here"}]
+    base = reference.generate("stop here", chat=True, sampling=GREEDY, max_new_tokens=40, gamma=3).text
+    stop = _fresh_stop(base)
+    cut = base[: base.find(stop)]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=40, temperature=0, stop=stop, logprobs=True, extra_body=spec)
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].message.content == cut == "".join(t.token for t in r.choices[0].logprobs.content)
+    parts = [t.token for ch in c.chat.completions.create(stream=True, **kw) if ch.choices and ch.choices[0].logprobs
+             for t in ch.choices[0].logprobs.content]
+    assert "".join(parts) == cut
+
+
 # ------------------------------------------------------------------------------------------- rules per request
 
 
@@ -307,6 +338,12 @@ def test_n_choices_are_rows_with_their_own_seeds(server, reference):
         if ch.usage is not None:
             assert ch.usage.completion_tokens == sum(len(x.token_ids) for x in chat_refs)
     assert texts == [x.text for x in chat_refs] and finished == {0, 1}
+    # the largest seed: choice 1's seed wraps to 0 rather than leaving the seeds' range
+    top = reference.generate("hello world", sampling=SamplingConfig(temperature=1.0), max_new_tokens=12, seed=0,
+                             gamma=3)
+    r = c.completions.create(model=MODEL, prompt="hello world", max_tokens=12, temperature=1.0, seed=2**63 - 1, n=2,
+                             extra_body=spec)
+    assert r.choices[1].text == top.text
 
 
 def test_response_format_constrains_what_is_served(server, reference):
@@ -525,12 +562,18 @@ BAD = [
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 101}}, 400, "must be a number in [-100, 100]",
      "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"-2": 1}}, 400, "integers >= 0", "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"\u00b2": 1}}, 400, "keys must be token ids", "logit_bias"),
+    ("/v1/completions", {**COMP, "logit_bias": {"1": 1, "01": 2}}, 400, "token 1 is given twice", "logit_bias"),
+    ("/v1/completions", {**COMP, "repetition_penalty": 1e-39}, 400, "greater than or equal to 0.1",
+     "repetition_penalty"),
     ("/v1/completions", {**COMP, "logit_bias": {"64": 1}}, 400, "token 64 is outside the vocabulary [0, 64)",
      "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400,
      "response_format.type must be one of", "response_format"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "regex", "regex": "(ab"}}, 400,
      "the grammar does not compile", "response_format"),
+    ("/v1/completions", {**COMP, "response_format": {"type": "regex", "regex": "[^\\s\\S]"}}, 400,
+     "no text matches it", "response_format"),
     ("/v1/completions", {**COMP, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}},
      400, "response_format", "response_format"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": 1}, 400, "unknown field 'frobnicate'", "frobnicate"),

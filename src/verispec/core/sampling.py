@@ -278,6 +278,8 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig, dtype: torch.dt
         out = torch.zeros_like(logits)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     probs = torch.softmax(logits / cfg.temperature, dim=-1)
+    if bool(torch.isnan(probs).any()):  # T so small that logits / T overflow: the same law, shifted before dividing
+        probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / cfg.temperature, dim=-1)
     if cfg.top_k is not None:
         probs = renormalize_on(probs, top_k_mask(probs, cfg.top_k))
     if cfg.top_p is not None and cfg.top_p < 1:

@@ -41,7 +41,7 @@ from verispec.options import OPTIONS, options
 from verispec.runtime.details import TokenDetail, check_token_details, round_details
 from verispec.runtime.grammar import GrammarCompiler
 from verispec.runtime.scheduler import Scheduler
-from verispec.runtime.text import find_stop
+from verispec.runtime.text import find_stop, tokens_in_text
 from verispec.runtime.types import GenerationResult, Metrics, Request, Row, TokenLogprob
 
 __all__ = ["Engine", "GenerationResult", "Metrics", "Request", "SpeculativeEngine"]
@@ -211,9 +211,11 @@ class Engine:
         m.new_tokens = len(row.new)
         m.total_s = time.perf_counter() - row.start
         text = self.decode(row.new)
+        n_logprobs = len(row.new)
         if row.stop_at is not None:
             text = text[: row.stop_at]
-        logprobs = row.logprobs[: len(row.new)] if row.logprobs is not None else None
+            n_logprobs = tokens_in_text(self.decode, row.new, row.stop_at)  # none for the stop string's own tokens
+        logprobs = row.logprobs[:n_logprobs] if row.logprobs is not None else None
         details = row.details[: len(row.new)] if row.details is not None else None
         return GenerationResult(text, list(row.new), row.finish or "length", m, row.prompt_ids, logprobs=logprobs,
                                 prompt_logprobs=row.prompt_logprobs, token_details=details)
@@ -301,44 +303,51 @@ class Engine:
 
         out: dict[int, list[int]] = {}
         for r, prop, lg in zip(rows, proposals, logits, strict=True):
-            t1 = time.perf_counter()
-            lg = self._constrain(r, prop, lg.cpu())
-            path, emitted, reached = self._verify(r, prop, lg)
-            lps = self._logprobs(r, prop, lg, path, emitted) if r.logprobs is not None else None
-            dets = self._details(r, prop, lg, path, emitted) if r.details is not None else None
-            self.target.commit(r.target_row, path)
-            if self.drafter is not None:
-                self.drafter.commit(r.key, prop, path)
-            verify_s = time.perf_counter() - t1
-            before = len(r.new)
-            self._commit(r, emitted)
-            appended = r.new[before:]
-            if r.constraint is not None:
-                r.constraint.commit(appended)
-            if lps is not None:
-                r.logprobs.extend(lps[: len(appended)])  # type: ignore[union-attr]
-            if dets is not None:
-                r.details.extend(dets[: len(appended)])  # type: ignore[union-attr]
-            if r.budget is not None:
-                thetas, tvs = r.round_budget or ([], [])
-                k = len(appended)
-                # 1 where the position was lossless: a bonus token, or no parameter fitted (NaN)
-                r.metrics.record_budget([thetas[i] if i < len(thetas) and not math.isnan(thetas[i]) else 1.0
-                                         for i in range(k)],
-                                        [tvs[i] if i < len(tvs) else 0.0 for i in range(k)])
-                r.round_budget = None
-            m = r.metrics
-            m.draft_s += draft_s
-            m.draft_forward_calls += prop.forward_calls
-            m.target_s += target_s
-            m.verify_s += verify_s
-            m.record_round(prop.depth, len(prop), len(path), min(len(path), len(appended)), reached)
-            if m.time_to_first_token_s is None and appended:
-                m.time_to_first_token_s = time.perf_counter() - r.start
-            if self.drafter is not None:
-                self.drafter.update(r.key, prop, len(path), target_s)
-            out[r.key] = appended
+            try:
+                out[r.key] = self._finish_round(r, prop, lg, draft_s, target_s)
+            except Exception as exc:  # e.g. its grammar allows no token: this row fails alone, the others go on
+                r.finish, r.failure = "error", exc
         return [out.get(r.key, []) for r in everyone]
+
+    def _finish_round(self, r: Row, prop: Proposal, lg: torch.Tensor, draft_s: float, target_s: float) -> list[int]:
+        """Verify one row's proposal against its target logits, commit what it emits; returns the new tokens."""
+        t1 = time.perf_counter()
+        lg = self._constrain(r, prop, lg.cpu())
+        path, emitted, reached = self._verify(r, prop, lg)
+        lps = self._logprobs(r, prop, lg, path, emitted) if r.logprobs is not None else None
+        dets = self._details(r, prop, lg, path, emitted) if r.details is not None else None
+        self.target.commit(r.target_row, path)
+        if self.drafter is not None:
+            self.drafter.commit(r.key, prop, path)
+        verify_s = time.perf_counter() - t1
+        before = len(r.new)
+        self._commit(r, emitted)
+        appended = r.new[before:]
+        if r.constraint is not None:
+            r.constraint.commit(appended)
+        if lps is not None:
+            r.logprobs.extend(lps[: len(appended)])  # type: ignore[union-attr]
+        if dets is not None:
+            r.details.extend(dets[: len(appended)])  # type: ignore[union-attr]
+        if r.budget is not None:
+            thetas, tvs = r.round_budget or ([], [])
+            k = len(appended)
+            # 1 where the position was lossless: a bonus token, or no parameter fitted (NaN)
+            r.metrics.record_budget([thetas[i] if i < len(thetas) and not math.isnan(thetas[i]) else 1.0
+                                     for i in range(k)],
+                                    [tvs[i] if i < len(tvs) else 0.0 for i in range(k)])
+            r.round_budget = None
+        m = r.metrics
+        m.draft_s += draft_s
+        m.draft_forward_calls += prop.forward_calls
+        m.target_s += target_s
+        m.verify_s += verify_s
+        m.record_round(prop.depth, len(prop), len(path), min(len(path), len(appended)), reached)
+        if m.time_to_first_token_s is None and appended:
+            m.time_to_first_token_s = time.perf_counter() - r.start
+        if self.drafter is not None:
+            self.drafter.update(r.key, prop, len(path), target_s)
+        return appended
 
     def _verify(self, r: Row, prop: Proposal, logits: torch.Tensor) -> tuple[list[int], list[int], int]:
         """Apply the row's rule: (accepted path, emitted tokens, depths reached)."""
@@ -409,7 +418,12 @@ class Engine:
         else:
             paths = [[]] + [tree_path(list(prop.parents), k) for k in range(len(tokens))]  # type: ignore[arg-type]
             prefixes = [[tokens[n] for n in path] for path in paths]
-        return constrain_logits(logits, [r.constraint.allowed(p) for p in prefixes])
+        masks = [r.constraint.allowed(p) for p in prefixes]
+        if any(m is not None and not bool(m.any()) for m in masks):
+            # only where the tokenizer cannot write what the grammar requires next (a byte-level one always can)
+            raise ValueError("response_format: the grammar allows no token after this output (no token of this "
+                             "tokenizer continues it)")
+        return constrain_logits(logits, masks)
 
     def _logprobs(self, r: Row, prop: Proposal, logits: torch.Tensor, path: list[int], emitted: list[int]
                   ) -> list[TokenLogprob]:
@@ -532,6 +546,8 @@ class Engine:
             sched = Scheduler(self, max_batch=1)
             handle = sched.submit(requests[0])  # raises on bad input
             sched.run()
+            if handle.row is not None and handle.row.failure is not None:
+                raise handle.row.failure  # one prompt: what failed its row is raised, as bad input is
             return handle.result  # type: ignore[return-value]
         sched = Scheduler(self, max_batch=batch_size or max(min(n, self.max_rows or n), 1))
         handles = []

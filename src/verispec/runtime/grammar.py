@@ -16,8 +16,9 @@ Formats (the OpenAI shapes plus two extensions):
 - ``{"type": "regex", "regex": "..."}`` and ``{"type": "grammar", "grammar": "<Lark grammar>"}``.
 
 End tokens: the engine's end-of-sequence ids are the grammar's end tokens, allowed exactly where the grammar may
-end; a grammar that cannot go on allows only them. A grammar the library cannot compile is a ValueError naming
-``response_format``.
+end; a grammar that cannot go on allows only them. A grammar the library cannot compile, or one that no token of
+the tokenizer can start, is a ValueError naming ``response_format``; a row whose grammar later allows no token (the
+tokenizer cannot write what it requires next) fails alone with such an error.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def check_response_format(fmt: Mapping[str, Any] | None) -> None:
             raise ValueError("response_format.json_schema must be an object with a 'schema' object")
     if kind in ("regex", "grammar") and not isinstance(fmt.get(kind), str):
         raise ValueError(f"response_format.{kind} must be a string")
+
+
+def _error(matcher: Any) -> str:
+    """A matcher's error, its first line (llguidance appends a dump of the parser's state)."""
+    return str(matcher.get_error()).strip().split("\n", 1)[0]
 
 
 class _TokenList:
@@ -132,6 +138,13 @@ class GrammarCompiler:
         is_error, messages = m.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
             raise ValueError(f"response_format: the grammar does not compile: {messages[0]}")
+        # a grammar whose first mask is empty (no text of this tokenizer's tokens starts it, and it cannot end at
+        # once) would leave nothing to sample: refused here rather than failing mid-generation
+        start = self._ll.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if start.is_error():
+            raise ValueError(f"response_format: {_error(start)}")
+        if not bool(GrammarConstraint(start, self.vocab_size, self.eos_ids).allowed([]).any()):
+            raise ValueError("response_format: no text matches it (no token of this tokenizer can start it)")
         return grammar
 
     def literal(self, text: str) -> str:
@@ -152,7 +165,7 @@ class GrammarCompiler:
             return None
         matcher = self._ll.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"response_format: {matcher.get_error()}")
+            raise ValueError(f"response_format: {_error(matcher)}")
         return GrammarConstraint(matcher, self.vocab_size, self.eos_ids)
 
 
@@ -191,7 +204,7 @@ class GrammarConstraint:
             out[self.eos] = True
         else:
             if body and not self.matcher.consume_tokens(list(body)):
-                raise RuntimeError(f"grammar matcher refused a validated prefix: {self.matcher.get_error()}")
+                raise RuntimeError(f"grammar matcher refused a validated prefix: {_error(self.matcher)}")
             out = self._mask()
             if body:
                 self.matcher.rollback(len(body))
@@ -208,7 +221,7 @@ class GrammarConstraint:
         if n < end or end == len(toks):
             return n
         if end and not self.matcher.consume_tokens(toks[:end]):
-            raise RuntimeError(f"grammar matcher refused a validated prefix: {self.matcher.get_error()}")
+            raise RuntimeError(f"grammar matcher refused a validated prefix: {_error(self.matcher)}")
         accepting = self.matcher.is_accepting()  # an end token is allowed where the grammar may end
         if end:
             self.matcher.rollback(end)
@@ -224,4 +237,4 @@ class GrammarConstraint:
                 self.ended = True
                 continue
             if not self.matcher.consume_token(int(t)):
-                raise RuntimeError(f"grammar matcher refused an emitted token {int(t)}: {self.matcher.get_error()}")
+                raise RuntimeError(f"grammar matcher refused an emitted token {int(t)}: {_error(self.matcher)}")

@@ -191,6 +191,8 @@ class Scheduler:
         with self._lock:
             for h in batch:
                 if h.row.done:  # type: ignore[union-attr]
+                    if h.row.failure is not None:  # type: ignore[union-attr]
+                        self._fail(h, h.row.failure)  # type: ignore[union-attr]
                     self.running.remove(h)
                     self._retire(h)
         self._notify()

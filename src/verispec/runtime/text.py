@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["TextStream", "find_stop"]
+__all__ = ["TextStream", "find_stop", "tokens_in_text"]
 
 REPLACEMENT = "\ufffd"
 
@@ -27,6 +27,16 @@ def find_stop(text: str, stop: Sequence[str]) -> int | None:
     ends a row there) and of :class:`TextStream` (which releases text up to there)."""
     hits = [i for s in stop if s and (i := text.find(s)) >= 0]
     return min(hits) if hits else None
+
+
+def tokens_in_text(decode: Callable[[Sequence[int]], str], ids: Sequence[int], n_chars: int) -> int:
+    """How many leading tokens of ``ids`` start before character ``n_chars`` of their decoded text: the tokens a
+    text cut at ``n_chars`` (before a stop string) keeps any of; the others lie wholly in or after the stop string,
+    so they get no logprob entry."""
+    k = len(ids)
+    while k and len(decode(ids[: k - 1])) >= n_chars:
+        k -= 1
+    return k
 
 
 class TextStream:

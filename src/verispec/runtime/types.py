@@ -224,6 +224,8 @@ class Row:
         self.generator = torch.Generator().manual_seed(int(req.seed))
         self.target_row = target_row
         self.finish: str | None = None
+        #: what failed this row alone in a round (finish "error"; the scheduler reports it on the row's handle)
+        self.failure: Exception | None = None
         self.stop_at: int | None = None
         self.metrics = Metrics()
         self.start = time.perf_counter()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from verispec.defaults import MAX_SEED
 from verispec.runtime.engine import Engine
 from verispec.runtime.scheduler import Handle
 from verispec.runtime.text import TextStream
@@ -110,7 +112,9 @@ class Generation:
         self.queue: asyncio.Queue[tuple] = asyncio.Queue()
         self.text = TextStream(state.engine.decode, settings.stop)
         self.logprobs = LogprobFormatter(chat, state.engine.decode) if settings.logprobs is not None else None
-        self._held: list[TokenLogprob] = []  # logprob entries of tokens not sent yet (streaming)
+        #: logprob entries not sent yet, each with where its token's text starts in the output (-1: sent with the
+        #: next event whatever it holds: the echoed prompt's, or a full response's, already cut at a stop string)
+        self._held: list[tuple[int, TokenLogprob]] = []
         #: echo: the prompt's text ("" for a prompt of token ids: decoded here), until it is sent
         self.echo = echo
         self.echo_text = ""  # the echoed prompt of a full (not streamed) response
@@ -141,7 +145,7 @@ class Generation:
         text = self.echo or self.state.engine.decode(source.prompt_ids)
         self.echo = None
         if self.logprobs is not None:
-            self._held.extend(source.prompt_logprobs or [])
+            self._held.extend((-1, e) for e in source.prompt_logprobs or [])
         return text
 
     def tokens(self, ids: list[int], handle: Handle | None = None) -> None:
@@ -150,6 +154,11 @@ class Generation:
             self.state.metrics.ttft.observe(self.first_token_s)
         row = handle.row if handle is not None else None
         prefix = self._echo(row) if self.settings.stream else ""
+        streamed_lps = (self.logprobs is not None and self.settings.stream and row is not None
+                        and row.logprobs is not None and bool(ids))
+        # where each new token's text starts: its entry is sent once that text is (never for a stop string's tokens)
+        starts = [len(self.state.engine.decode(self.text.ids + ids[:k])) for k in range(len(ids))] \
+            if streamed_lps else []
         details = None
         if self.details and self.settings.stream and row is not None and row.details is not None and ids:
             pieces = [self.text.push([t]) for t in ids]
@@ -157,16 +166,20 @@ class Generation:
             details = detail_entries(row.details[len(row.details) - len(ids):], pieces, self.state.engine.decode)
         else:
             delta = self.text.push(ids)
-        if self.logprobs is not None and self.settings.stream and row is not None and row.logprobs is not None:
-            self._held.extend(row.logprobs[len(row.logprobs) - len(ids):] if ids else [])
+        if streamed_lps:
+            self._held.extend(zip(starts, row.logprobs[len(row.logprobs) - len(ids):], strict=True))  # type: ignore[union-attr]
         if prefix or delta or details:
             self._put("text", prefix + delta, self._release(), details)
 
-    def _release(self) -> dict | None:
+    def _release(self, final: bool = False) -> dict | None:
+        """The held entries whose token's text has been sent, formatted; at the end every entry but those of a stop
+        string's tokens (a token that adds no text, e.g. EOS, is sent then)."""
         if self.logprobs is None or not self._held:
             return None
-        out, self._held = self.logprobs(self._held), []
-        return out
+        upto = math.inf if final and not self.text.stopped else self.text.sent
+        k = next((i for i, (start, _) in enumerate(self._held) if start >= upto), len(self._held))
+        ready, self._held = self._held[:k], self._held[k:]
+        return self.logprobs([e for _, e in ready]) if ready else None
 
     def done(self, handle: Handle) -> None:
         self.finished = True
@@ -179,16 +192,19 @@ class Generation:
                 result = handle.result
                 self.echo_text = self._echo(result)
                 if self.logprobs is not None:
-                    self._held.extend(result.logprobs or [])
+                    self._held.extend((-1, e) for e in result.logprobs or [])
                 if self.details and result.token_details is not None:
                     replay = TextStream(self.state.engine.decode, self.settings.stop)
                     pieces = [replay.push([t]) for t in result.token_ids]
                     pieces[-1:] = [pieces[-1] + replay.finish()] if pieces else []
                     details = detail_entries(result.token_details, pieces, self.state.engine.decode)
-            logprobs = self._release()
         finally:
-            self.state.release()
-            self._put("done", handle, self.text.finish(), logprobs, details)
+            tail = self.text.finish()
+            try:
+                logprobs = self._release(final=True)
+            finally:
+                self.state.release()
+                self._put("done", handle, tail, logprobs, details)
 
 
 class _CountRequests:
@@ -376,7 +392,7 @@ def create_app(
         echo = None if not settings.echo else body.prompt if isinstance(body.prompt, str) else ""  # type: ignore[attr-defined]
         choices: list[tuple[Generation, Job]] = []
         for i in range(settings.n):  # choice i: its own row and seed
-            own = replace(settings, seed=settings.seed + i) if i else settings
+            own = replace(settings, seed=(settings.seed + i) % MAX_SEED) if i else settings  # wraps at the top
             gen = Generation(state, own, arrival, chat, echo)
             choices.append((gen, Job(prompt_builder(body, own, state.limits), gen)))
         for k, (_gen, job) in enumerate(choices):

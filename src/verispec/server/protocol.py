@@ -7,9 +7,10 @@ official client sends through ``extra_body``), checked by the schema with the wo
 server's own fields: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``), ``seed`` (default: a fresh
 random seed per request), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number
 of alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1-16
-choices: rows of the batch, choice i sampled with seed + i), ``stream``, ``stream_options.include_usage``. Chat:
-``tools`` and ``tool_choice`` (function tools through the model's chat template, forced calls constrained to their
-schemas; :mod:`verispec.server.tools`) and the ``tool`` / assistant ``tool_calls`` messages of a tool conversation.
+choices: rows of the batch, choice i sampled with seed + i, modulo 2^63), ``stream``,
+``stream_options.include_usage``. Chat: ``tools`` and ``tool_choice`` (function tools through the model's chat
+template, forced calls constrained to their schemas; :mod:`verispec.server.tools`) and the ``tool`` / assistant
+``tool_calls`` messages of a tool conversation.
 ``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and ignored. Fields
 that would change what is generated or returned (``best_of`` > 1, chat ``echo``, legacy ``functions``, ...) are
 refused with 400 naming the field, as is any field this server does not know. ``response_format``: ``text``,
@@ -234,7 +235,7 @@ class Settings:
     stream: bool
     include_usage: bool
     echo: bool = False
-    #: choices; choice i is generated with ``seed + i``
+    #: choices; choice i is generated with ``(seed + i) mod 2**63``
     n: int = 1
     #: the tools a chat request may call (None: none)
     tools: ToolCalling | None = None
