@@ -1,10 +1,13 @@
 """verispec as an lm-evaluation-harness model (``lm_eval --model verispec``) and lm-eval through ``verispec serve``.
 
 The registration is checked through the stock ``lm_eval`` console script (no extra flag); bad model arguments get
-lm-eval's error with verispec's message naming the key or the rule; batched log-likelihood scoring equals one row at
-a time; and a short run of ``benchmarks/lm_eval.py`` (2 GSM8K questions, a log-likelihood and a generation task over
-local data files) gives the same log-likelihoods, greedy flags and generations through the server, through the
-verispec model and through the engine directly (needs the real pair; skips without it)."""
+lm-eval's error with verispec's message naming the key or the rule, and a "none" that lm-eval's parser made None
+keeps its meaning or is refused; batched log-likelihood scoring equals one row at a time; on a toy engine, copies of
+a sampled request get seeds of their own, inputs longer than the context are scored in the windows lm-eval's HF
+model scores, and context and continuation are split as it splits them; and a short run of
+``benchmarks/lm_eval.py`` (2 GSM8K questions, a log-likelihood and a generation task over local data files) gives
+the same log-likelihoods, greedy flags and generations through the server, through the verispec model and through
+the engine directly (needs the real pair; skips without it)."""
 
 from __future__ import annotations
 
@@ -15,13 +18,51 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
 from verispec.testing import skip_unless_real_pair  # noqa: E402
-from verispec.toy import toy_engine  # noqa: E402
+from verispec.toy import ToyTokenizer, toy_engine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the toy vocabulary's newline: the test tokenizer's EOS, hence the prefix token of an empty context
+NEWLINE = 63
+
+
+class _Tok(ToyTokenizer):
+    """The toy tokenizer as the lm-eval model calls it: ``add_special_tokens`` and BOS / EOS ids."""
+
+    bos_token_id: int | None = None
+    eos_token_id = NEWLINE
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text)}
+
+
+def _toy_lm(monkeypatch, model_args: str = "", engine=None, batch_size: int = 4):
+    """The model as lm-eval's Python API builds it, around a toy engine; also the arguments load_engine got."""
+    from lm_eval.api.registry import get_model
+
+    import verispec.integrations.lmeval as lmeval
+
+    calls = []
+    engine = engine or toy_engine(drafter="none")
+
+    def load(*args, **kwargs):
+        calls.append((args, kwargs))
+        return engine
+
+    monkeypatch.setattr(lmeval, "load_engine", load)
+    lm = get_model("verispec").create_from_arg_string(model_args, {"batch_size": batch_size, "device": "cpu"})
+    lm.tokenizer = _Tok()
+    return lm, calls
+
+
+def _req(kind: str, *args):
+    from lm_eval.api.instance import Instance
+
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0, metadata=("t", 0, 1))
 
 
 def _lm_eval(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -79,6 +120,140 @@ def test_batched_loglikelihoods_equal_one_row_at_a_time():
         # float32 logits, another batch shape: equal to float tolerance
         assert [t.logprob for t in got[1:]] == pytest.approx([t.logprob for t in one[1:]], abs=1e-5)
         assert [t.top[0][0] for t in got[1:]] == [t.top[0][0] for t in one[1:]]
+
+
+def test_none_from_lm_evals_parser_keeps_its_meaning(monkeypatch):
+    """lm-eval's argument parser reads "none" as None: the drafter and a rule's draft_truncation get "none" back,
+    threads and a nullable sampling option keep None."""
+    lm, calls = _toy_lm(monkeypatch, "drafter=none,threads=none,top_p=none")
+    ((args, kwargs),) = calls
+    assert args[2] == "none" and kwargs["threads"] is None and lm.request["top_p"] is None
+    lm, _ = _toy_lm(monkeypatch, "rule=minp-sampling,p_base=0.1,draft_truncation=none")
+    assert lm.rule.draft_truncation == "none"
+
+
+@pytest.mark.parametrize(("model_args", "words"), [
+    ("target=none", "target cannot be none"),
+    ("pretrained=none", "pretrained cannot be none"),
+    ("draft=none", r"draft cannot be none \(drafter=none"),
+    ("dtype=none", "dtype cannot be none"),
+    ("target_backend=none", "target_backend cannot be none"),
+    ("seed=none", "seed must be an integer"),
+    ("rule=lenience,l=none", "l must be"),
+])
+def test_none_where_it_means_nothing_is_refused_by_name(monkeypatch, model_args, words):
+    with pytest.raises(ValueError, match=words):
+        _toy_lm(monkeypatch, model_args)
+
+
+def test_copies_of_a_sampled_request_get_seeds_of_their_own(monkeypatch):
+    """lm-eval's ``repeats`` passes one sampled request N times: request i samples with (base + i) mod 2**63, base
+    the given seed (model argument or the task's), else drawn from torch's generator, which lm-eval's --seed seeds."""
+    sampled = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 1.0}
+    lm, _ = _toy_lm(monkeypatch)
+    copies = [_req("generate_until", "hello world", sampled)] * 4
+    torch.manual_seed(1234)
+    first = lm.generate_until(copies)
+    assert len(set(first)) == 4
+    torch.manual_seed(1234)
+    assert lm.generate_until(copies) == first
+    torch.manual_seed(1235)
+    assert lm.generate_until(copies) != first
+    greedy = [_req("generate_until", "hello world", {"until": [], "max_gen_toks": 12})] * 3
+    assert len(set(lm.generate_until(greedy))) == 1
+    ids = lm.tok_encode("hello world")
+    for model_args, task_seed, base in [("seed=7", None, 7), ("seed=7", 2**63 - 2, 2**63 - 2)]:
+        lm, _ = _toy_lm(monkeypatch, model_args)
+        kw = sampled if task_seed is None else {**sampled, "seed": task_seed}
+        got = lm.generate_until([_req("generate_until", "hello world", kw)] * 4)
+        want = lm.engine.generate([ids] * 4, rule=lm.rule, batch_size=4, temperature=1.0, max_new_tokens=12,
+                                  seed=[(base + i) % 2**63 for i in range(4)])
+        assert got == [r.text for r in want]
+
+
+#: the context of the small toy target below, in tokens
+CONTEXT = 17
+
+
+def _small_engine():
+    """A toy engine whose target holds CONTEXT tokens."""
+    engine = toy_engine(drafter="none", cache=False)
+    engine.target.max_context = CONTEXT
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        engine.prompt_logprobs(list(range(CONTEXT + 1)))
+    return engine
+
+
+def test_a_long_text_is_scored_in_lm_evals_rolling_windows(monkeypatch):
+    """Every token once, in the windows lm-eval's HF model scores: the prefix token and the first L tokens, then
+    each window the L + 1 tokens ending at its last, scoring the ones not scored yet (L = CONTEXT - 1)."""
+    engine = _small_engine()
+    lm, _ = _toy_lm(monkeypatch, engine=engine)
+    L = CONTEXT - 1
+    assert lm.max_length == L
+    rng = torch.Generator().manual_seed(0)
+    for n in (5, L, L + 1, 5 * L + 3):
+        toks = torch.randint(0, 52, (n,), generator=rng).tolist()  # letters
+        seq = [NEWLINE, *toks]
+        want, done = 0.0, 0
+        while done < n:
+            end = min(done + L, n)
+            window = seq[max(end - L, 0) : end + 1]
+            assert len(window) <= L + 1
+            want += sum(t.logprob for t in engine.prompt_logprobs(window)[len(window) - (end - done):])
+            done = end
+        got = lm.loglikelihood_rolling([_req("loglikelihood_rolling", engine.tokenizer.decode(toks))])[0]
+        assert got == pytest.approx(want, abs=1e-4), n
+
+
+def test_a_long_pair_keeps_the_last_tokens_that_fill_the_context(monkeypatch):
+    """lm-eval's HF model keeps the last L + 1 tokens of context + continuation and scores up to L of them; a long
+    prompt keeps room for ``max_gen_toks`` (up to L)."""
+    engine = _small_engine()
+    lm, _ = _toy_lm(monkeypatch, engine=engine)
+    L = CONTEXT - 1
+    context = "abcdefghijklmnopqrstuvwxyzABCD"
+    for continuation in ("EFGHIJ", "EFGHIJKLMNOPQRSTUVWXYZ"):
+        ids = (lm.tok_encode(context) + lm.tok_encode(continuation))[-(L + 1):]
+        scored = engine.prompt_logprobs(ids, top=1)[-min(len(continuation), L):]
+        (got,) = lm.loglikelihood([_req("loglikelihood", context, continuation)])
+        assert got[0] == pytest.approx(sum(t.logprob for t in scored), abs=1e-5)
+        assert got[1] == all(t.top[0][0] == t.token for t in scored)
+    for max_gen in (5, L):
+        (text,) = lm.generate_until([_req("generate_until", context, {"until": [], "max_gen_toks": max_gen})])
+        assert len(lm.tok_encode(text)) == max_gen
+
+
+class _MergeTok(_Tok):
+    """_Tok with one token more, "ab" (id 64), which merges across a context / continuation boundary."""
+
+    def encode(self, text: str) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            merged = text.startswith("ab", i)
+            out.append(64 if merged else self.index[text[i]])
+            i += 2 if merged else 1
+        return out
+
+
+def test_context_and_continuation_are_split_as_lm_eval_splits_them(monkeypatch):
+    """lm-eval's split: the context's own ids, the continuation the whole text's ids after as many; trailing spaces
+    move to the continuation; an empty context conditions on BOS, else EOS, or on the continuation's first token
+    where that is it."""
+    lm, _ = _toy_lm(monkeypatch)
+    lm.tokenizer = _MergeTok()
+    x, a, c, space = (lm.tokenizer.index[ch] for ch in "xac ")
+    assert lm._encode_pair("xa", "bc") == ([x, a], [c])  # "xabc" encodes to x, ab, c
+    assert lm._encode_pair("xa ", "c") == ([x, a], [space, c])
+    lm.tokenizer = _Tok()
+    engine = lm.engine
+    abc = lm.tok_encode("abc")
+    after_newline = sum(t.logprob for t in engine.prompt_logprobs([NEWLINE, *abc])[1:])
+    got = lm.loglikelihood([_req("loglikelihood", "", "abc"), _req("loglikelihood", "", "\nabc")])
+    assert [g[0] for g in got] == pytest.approx([after_newline] * 2, abs=1e-5)
+    lm.tokenizer.bos_token_id = 5
+    after_bos = sum(t.logprob for t in engine.prompt_logprobs([5, *abc])[1:])
+    assert lm.loglikelihood([_req("loglikelihood", "", "abc")])[0][0] == pytest.approx(after_bos, abs=1e-5)
 
 
 @pytest.mark.real

@@ -6,10 +6,16 @@ model registry loads (``_verispec_hook``); this module is imported only when a r
 - ``generate_until``: speculative decoding under the requested rule, batched by the engine (``batch_size`` rows
   at a time). The task's ``gen_kwargs`` win over ``--model_args``, which win over lm-eval's default (greedy, as
   its HF model): ``do_sample=False`` means temperature 0, ``until`` are stop strings, ``max_gen_toks`` the token
-  limit (256 by default).
+  limit (256 by default). Request i of a call (its position in the list lm-eval passes) samples with seed
+  (base + i) mod 2**63, base being its ``seed`` (the task's gen_kwargs, else the model argument), else one number
+  drawn per call from torch's global generator, which lm-eval's ``--seed`` seeds: the copies of a sampled request
+  that a task's ``repeats`` makes differ, and a rerun with the same ``--seed`` gives the same samples.
 - ``loglikelihood`` / ``loglikelihood_rolling``: the target's own log-probabilities (temperature 1, no
   processors), scored in batched forwards; exact and independent of the rule, as lm-eval's HF model computes
-  them (context and continuation encoded as its ``_encode_pair`` does; an empty context conditions on EOS).
+  them: context and continuation encoded as its ``_encode_pair`` does; an empty context conditions on the prefix
+  token (BOS, else EOS), or on the continuation's first token where that is the prefix token; an input longer
+  than the context keeps its last ``max_length`` + 1 tokens (the target's context), scoring at most
+  ``max_length``; long texts are scored in lm-eval's rolling windows of ``max_length`` tokens.
 - Per task: block efficiency (emitted accepted drafts per target step, the bonus excluded), the accepted fraction
   of drafted tokens and the tokens per target step, logged when each generation batch ends and returned by
   :meth:`VerispecLM.get_model_info`, which lm-eval writes into its results' ``config``.
@@ -18,7 +24,9 @@ model registry loads (``_verispec_hook``); this module is imported only when a r
 ``target_backend``, ``deterministic``, ``draft_p_min``, ``max_rows``), the request schema's sampling options
 (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``eta``, the penalties) and ``rule``, ``gamma``, ``seed``,
 ``verifier``, ``greedy_lossy``, and the rule's own parameters (``l=0.5`` for lenience). Any other key is refused
-with a ValueError naming it.
+with a ValueError naming it. lm-eval's argument parser reads ``none`` as None: ``drafter=none`` and a rule's
+``draft_truncation=none`` mean the string, ``threads`` and the nullable sampling options take None, and any other
+key refuses it with a ValueError naming the key.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from verispec.defaults import (
     DEFAULT_DTYPE,
     DEFAULT_RULE,
     DEFAULT_TARGET,
+    MAX_SEED,
     drafter_spec,
     resolve_backends,
 )
@@ -60,24 +69,27 @@ _REQUEST_KEYS = ("rule", "gamma", "seed", "verifier", "greedy_lossy")
 _SAMPLING_KEYS = tuple(o.name for o in OPTIONS.values() if o.group == "sampling" and o.name != "logit_bias")
 #: lm-eval's own arguments that say nothing to a CPU engine that batches by itself
 _IGNORED = ("max_batch_size",)
+#: engine keys whose None (lm-eval's reading of "none") means something: the drafter "none"; load_engine's
+#: default thread count
+_ENGINE_NONE = {"drafter": "none", "threads": None}
 
 
 class VerispecLM(LM):
     """An lm-eval model backed by a verispec :class:`~verispec.runtime.engine.Engine` (see the module docstring)."""
 
-    def __init__(self, pretrained: str | None = None, batch_size: int | str | None = None, device: str = "cpu",
-                 **model_args: Any) -> None:
+    def __init__(self, batch_size: int | str | None = None, device: str = "cpu", **model_args: Any) -> None:
         super().__init__()
         for key in _IGNORED:
             model_args.pop(key, None)
-        if pretrained is not None:
+        if "pretrained" in model_args:  # among model_args, so that "pretrained=none" is told from no pretrained
             if "target" in model_args:
                 raise ValueError("model_args: give target or pretrained, not both")
-            model_args["target"] = pretrained
-        engine_args = {k: model_args.pop(k) for k in _ENGINE_KEYS if k in model_args}
+            model_args["target"] = _engine_arg("pretrained", model_args.pop("pretrained"))
+        engine_args = {k: _engine_arg(k, model_args.pop(k)) for k in _ENGINE_KEYS if k in model_args}
         self.request = {k: OPTIONS[k].check(model_args.pop(k)) for k in _REQUEST_KEYS + _SAMPLING_KEYS
                         if k in model_args}
         rule_name = self.request.pop("rule", DEFAULT_RULE)
+        _rule_nones(rule_name, model_args)
         try:
             self.rule = rules.get(rule_name, **model_args)  # the rest must be the rule's parameters
         except ValueError as exc:
@@ -104,7 +116,10 @@ class VerispecLM(LM):
     # -- tokens --------------------------------------------------------------------------------------------------
     @property
     def max_length(self) -> int:
-        return int(self.engine.target.max_context)
+        """The most tokens the model conditions on: one less than the target's context, since a scored window
+        (lm-eval's HF model feeds ``max_length`` tokens and scores the next) is fed to the target whole, its last
+        token included."""
+        return int(self.engine.target.max_context) - 1
 
     @property
     def prefix_token_id(self) -> int:
@@ -116,25 +131,36 @@ class VerispecLM(LM):
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """lm-eval's split: trailing spaces of the context move to the continuation; the continuation's tokens are
-        those of the whole text after the context's (so a merge across the boundary is scored as the model sees
-        it)."""
+        """lm-eval's split: trailing spaces of the context move to the continuation; the context's tokens are its
+        own encoding, the continuation's those of the whole text after as many tokens (where a token merges across
+        the boundary, lm-eval's HF model scores the same ids)."""
         spaces = len(context) - len(context.rstrip())
         if spaces:
             continuation = context[-spaces:] + continuation
             context = context[:-spaces]
         whole = self.tok_encode(context + continuation)
         context_ids = self.tok_encode(context)
-        return whole[: len(context_ids)], whole[len(context_ids):]
+        return context_ids, whole[len(context_ids):]
+
+    def _encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """A loglikelihood request's ids, as lm-eval's ``loglikelihood``: an empty context conditions on the prefix
+        token, or on the continuation's first token where that is the prefix token."""
+        if context:
+            return self._encode_pair(context, continuation)
+        cont = self.tok_encode(continuation)
+        if cont and cont[0] == self.prefix_token_id:
+            return cont[:1], cont[1:]
+        return [self.prefix_token_id], cont
 
     # -- log-likelihoods -------------------------------------------------------------------------------------------
     def _score(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """Sum of the continuation's log-probabilities and whether it is the greedy one, per (context, continuation)
-        pair of token ids; the sequence is cut on the left to the context window."""
+        pair of token ids. As lm-eval's HF model, a sequence is cut on the left to its last ``max_length`` + 1 tokens,
+        of which at most ``max_length`` are scored, each conditioned on up to ``max_length`` tokens."""
         seqs, spans = [], []
         for context, cont in pairs:
-            ids = ([self.prefix_token_id] if not context else context) + cont
-            ids = ids[-(self.max_length):]
+            ids = (context or [self.prefix_token_id]) + cont  # a context of spaces only encodes to nothing
+            ids = ids[-(self.max_length + 1):]
             seqs.append(ids)
             spans.append(min(len(cont), len(ids) - 1))
         out = []
@@ -148,7 +174,7 @@ class VerispecLM(LM):
         return out
 
     def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [self._encode_pair(*r.args) for r in requests]
+        pairs = [self._encode_request(*r.args) for r in requests]
         results = self._score(pairs)
         for r, res in zip(requests, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", r.args, res)
@@ -197,11 +223,10 @@ class VerispecLM(LM):
         return {"stop": stop, "max_new_tokens": max_gen, **sampling, **request}
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        settings = [self._settings(r.args[1]) for r in requests]
+        seeds = _seeds([s.pop("seed", None) for s in settings])
         groups: dict[tuple, list[int]] = defaultdict(list)
-        settings = []
-        for i, r in enumerate(requests):
-            s = self._settings(r.args[1])
-            settings.append(s)
+        for i, s in enumerate(settings):
             groups[tuple(sorted((k, repr(v)) for k, v in s.items() if k != "stop"))].append(i)
         out: list[str] = [""] * len(requests)
         for idx in groups.values():
@@ -210,7 +235,8 @@ class VerispecLM(LM):
             prompts = [self._prompt_ids(requests[i].args[0], room) for i in idx]
             fixed = {k: v for k, v in first.items() if k != "stop"}
             results = self.engine.generate(prompts, rule=self.rule, batch_size=self.batch_size,
-                                           stop=[settings[i]["stop"] for i in idx], **fixed)
+                                           stop=[settings[i]["stop"] for i in idx], seed=[seeds[i] for i in idx],
+                                           **fixed)
             for i, res in zip(idx, results, strict=True):
                 if res.finish_reason == "error":
                     raise ValueError(f"verispec could not generate for request {i}: {res.error}")
@@ -264,6 +290,33 @@ class VerispecLM(LM):
         return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt,
                                                   continue_final_message=not add_generation_prompt)
+
+
+def _engine_arg(key: str, value: Any) -> Any:
+    """An engine model argument; lm-eval's parser reads "none" as None, which only some keys take."""
+    if value is not None:
+        return value
+    if key in _ENGINE_NONE:
+        return _ENGINE_NONE[key]
+    hint = " (drafter=none runs the target alone)" if key == "draft" else ""
+    raise ValueError(f"model_args: {key} cannot be none{hint}")
+
+
+def _rule_nones(rule_name: str, params: dict[str, Any]) -> None:
+    """A rule parameter whose choices include "none" (and that takes no None) gets back the "none" that lm-eval's
+    parser made None; any other None is left to the rule's own check, which names the parameter."""
+    schema = rules.describe().get(rule_name, {}).get("params", {})
+    for key, value in params.items():
+        spec = schema.get(key, {})
+        if value is None and not spec.get("nullable") and "none" in spec.get("enum", ()):
+            params[key] = "none"
+
+
+def _seeds(given: list[int | None]) -> list[int]:
+    """Request i's seed: (base + i) mod 2**63, base its own seed where it has one, else one number drawn from
+    torch's global generator (seeded by lm-eval's ``--seed``): copies of a request sample apart, reproducibly."""
+    drawn = int(torch.randint(MAX_SEED - 1, ())) if None in given else 0
+    return [((drawn if seed is None else seed) + i) % MAX_SEED for i, seed in enumerate(given)]
 
 
 def _batch_size(value: int | str | None) -> int:
