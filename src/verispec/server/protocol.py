@@ -220,6 +220,9 @@ class Limits:
     max_tokens_limit: int = DEFAULT_CONTEXT
     #: max_tokens of a completion that gives none (the OpenAI API's default for /v1/completions)
     default_completion_tokens: int = 16
+    #: most stop strings a request may give (each is searched for in the output after every round, on the one
+    #: thread that runs every request's rounds)
+    max_stop_strings: int = 64
 
 
 @dataclass
@@ -310,6 +313,9 @@ class Settings:
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
         max_tokens = values.pop("max_new_tokens", None)
         if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            if max_tokens is not None and max_tokens != req.max_completion_tokens:
+                raise APIError(400, f"max_completion_tokens {req.max_completion_tokens} and max_tokens {max_tokens} "
+                               "disagree: give one of them", param="max_completion_tokens", code="invalid_value")
             max_tokens = req.max_completion_tokens
         seed = values.pop("seed", None)
         seed = seed if seed is not None else secrets.randbits(63)
@@ -460,6 +466,9 @@ def prompt_builder(body: _Common, settings: Settings, limits: Limits) -> Callabl
             raise APIError(400, f"{param}: the prompt has {len(ids)} tokens, over this server's limit of "
                            f"{limits.max_prompt_tokens} (--max-prompt-tokens)", param=param,
                            code="context_length_exceeded")
+        if len(settings.stop) > limits.max_stop_strings:
+            raise APIError(400, f"stop: {len(settings.stop)} stop strings, over this server's limit of "
+                           f"{limits.max_stop_strings}", param="stop", code="invalid_value")
         max_tokens = settings.max_tokens
         name = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"  # type: ignore[attr-defined]
         if max_tokens is not None and max_tokens > limits.max_tokens_limit:
