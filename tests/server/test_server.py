@@ -676,6 +676,9 @@ def test_over_max_concurrency_gets_429_and_waiting_requests_hold_no_rows(gated):
     assert sorted(len(r[1]["choices"][0]["text"]) for r in results if r[0] == 200) == list(range(6, 14))
     assert max(gated.rows_held) == 4
     assert post(gated, "/v1/completions", COMP)[0] == 200  # slots are free again
+    # more choices than the server has slots could never run: a 400 naming n, not a 429 to retry
+    status, body = post(gated, "/v1/completions", {**COMP, "n": 9})
+    assert status == 400 and body["error"]["param"] == "n" and "--max-concurrency" in body["error"]["message"]
 
 
 def test_rows_of_a_round_in_progress_count_as_running_not_waiting(gated):

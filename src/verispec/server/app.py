@@ -386,6 +386,9 @@ def create_app(
                            param="model", code="model_not_found")
         settings = Settings.of(body)
         prompt_builder(body, settings, state.limits)  # the prompt's own checks, before a slot is taken
+        if settings.n > state.max_concurrency:  # each choice takes a slot: such a request could never run
+            raise APIError(400, f"n: {settings.n} choices, over this server's {state.max_concurrency} concurrent "
+                           "requests (--max-concurrency)", param="n", code="invalid_value")
         if not state.try_acquire(settings.n):
             raise APIError(429, f"the server is at its limit of {state.max_concurrency} concurrent requests "
                            "(--max-concurrency); retry later", code="too_many_requests", type_="rate_limit_error")
