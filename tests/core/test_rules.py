@@ -215,6 +215,17 @@ def test_worked_example_lossless_induces_p():
     assert abs(float(acceptance_probability(r, P, Q)) - 0.6) < TOL
 
 
+def test_the_exact_analysis_refuses_what_is_not_a_distribution():
+    """induced_distribution checks p and q as the samplers do; Eq. 13 where q has no mass on the allowed set is
+    undefined (the rule falls back there), a ValueError rather than NaN."""
+    with pytest.raises(ValueError, match="p has negative entries"):
+        induced_distribution("lossless", [0.5, 0.6, -0.1, 0.0], [0.25, 0.25, 0.25, 0.25])
+    with pytest.raises(ValueError, match="q rows must sum to 1"):
+        induced_distribution("lossless", [0.5, 0.5, 0.0, 0.0], [0.5, 0.6, 0.0, 0.0])
+    with pytest.raises(ValueError, match="no mass on the allowed set"):
+        truncation_closed_form(d([0.0, 0.0, 0.5, 0.5]), torch.tensor([True, True, False, False]))
+
+
 def test_worked_example_naive_resample():
     out = induced_distribution("naive-resample", P, Q)
     assert maxdiff(out, [0.44, 0.42, 0.14]) < TOL

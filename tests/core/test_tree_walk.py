@@ -224,3 +224,17 @@ def test_typical_ratio_is_one_rule_parameter_for_chains_and_trees():
     assert torch.equal(old.emitted, position_law(rat, P2, [4, 5, 2]).emitted)
     with pytest.raises(ValueError, match="typical must be"):
         select_child(rat, P2, [4], None, None, "sometimes")
+
+
+def test_the_walk_refuses_what_is_not_a_distribution_or_a_token():
+    """The tree walk checks its rows as the chain samplers do: a ValueError naming the problem, not a sample."""
+    lossless = get("lossless")
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64)
+    with pytest.raises(ValueError, match="p has negative entries"):
+        select_child(lossless, torch.tensor([0.5, 0.6, -0.1, 0.0], dtype=torch.float64), [1])
+    with pytest.raises(ValueError, match="p rows must sum to 1"):
+        select_child(lossless, torch.tensor([0.5, 0.4, 0.0, 0.0], dtype=torch.float64), [1])
+    with pytest.raises(ValueError, match="q contains NaN"):
+        select_child(lossless, q, [1], q=torch.tensor([float("nan"), 0.5, 0.25, 0.25], dtype=torch.float64))
+    with pytest.raises(ValueError, match="token id 9 is outside the vocabulary"):
+        select_child(lossless, q, [1, 9])

@@ -11,6 +11,7 @@ import torch
 from verispec.core.rules import Rule, get
 from verispec.core.rules.collaborative import lenience_delta
 from verispec.core.sampling import renormalize_on
+from verispec.core.verify.chain import as_float64, check_distribution
 
 __all__ = [
     "acceptance_probability",
@@ -33,18 +34,29 @@ def _rule(rule: Rule | str) -> Rule:
     return get(rule) if isinstance(rule, str) else rule
 
 
+def _checked(name: str, x: object) -> torch.Tensor:
+    """Rows of probabilities in float64, checked as the samplers check them (ValueError naming ``name``), a
+    half-precision row renormalized as they renormalize it (:func:`verispec.core.verify.chain.as_float64`)."""
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.float64)  # a list: float64, as given
+    if not t.is_floating_point():
+        t = t.to(torch.float64)
+    check_distribution(name, t)
+    return as_float64(t)
+
+
 def induced_distribution(rule: Rule | str, p: object, q: object) -> torch.Tensor:
     """The exact distribution emitted at one drafted position: q h + (sum q (1 - h)) r, in float64.
 
-    Generic: it uses only the rule's ``acceptance`` and ``correction``; batched over leading dims.
+    Generic: it uses only the rule's ``acceptance`` and ``correction``; batched over leading dims. p and q must be
+    rows of probabilities (ValueError otherwise, as for the samplers).
     """
-    rule, p, q = _rule(rule), as_dist(p), as_dist(q)
+    rule, p, q = _rule(rule), _checked("p", p), _checked("q", q)
     return rule.induced(p, q)
 
 
 def acceptance_probability(rule: Rule | str, p: object, q: object) -> torch.Tensor:
     """Probability that a token drawn from q is accepted: sum_x q(x) h(x). For lossless it is 1 - TV(p, q)."""
-    rule, p, q = _rule(rule), as_dist(p), as_dist(q)
+    rule, p, q = _rule(rule), _checked("p", p), _checked("q", q)
     return (q * rule.acceptance(p, q)).sum(-1)
 
 
@@ -80,8 +92,13 @@ def lenience_closed_form(p: object, q: object, l: float) -> tuple[torch.Tensor, 
 
 
 def truncation_closed_form(q: object, allowed: torch.Tensor) -> torch.Tensor:
-    """Eq. 13: truncation-based verification generates q / Z_Theta(q) on A_Theta, 0 elsewhere."""
-    return renormalize_on(as_dist(q), allowed)
+    """Eq. 13: truncation-based verification generates q / Z_Theta(q) on A_Theta, 0 elsewhere. Undefined (a
+    ValueError) where q has no mass on A_Theta: the rule then falls back (see :func:`induced_distribution`)."""
+    q = as_dist(q)
+    if bool((torch.where(allowed, q, torch.zeros_like(q)).sum(-1) <= 0).any()):
+        raise ValueError("Eq. 13 is undefined where q has no mass on the allowed set; induced_distribution gives "
+                         "what the rule does there")
+    return renormalize_on(q, allowed)
 
 
 # Re-exported for callers that want Delta of Eq. 11 in its ratio form (Eq. 15).

@@ -54,11 +54,16 @@ SUM_TOL = 1e-4
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def sum_tolerance(dtype: torch.dtype) -> float:
-    """How far from 1 a row of ``dtype`` may sum: :data:`SUM_TOL`, or 2 eps of a half-precision dtype (rounding
-    each entry moves the row sum by at most eps / 2; the rest leaves room for a softmax computed in that dtype:
-    bfloat16 0.0156, float16 0.00195)."""
-    return max(SUM_TOL, 2 * torch.finfo(dtype).eps) if dtype in LOW_PRECISION else SUM_TOL
+def sum_tolerance(dtype: torch.dtype, n: int = 1) -> float:
+    """How far from 1 a row of ``n`` entries of ``dtype`` may sum: :data:`SUM_TOL`, or for a half-precision dtype
+    2 eps (rounding moves an entry by at most eps / 2 of itself; the rest leaves room for a softmax computed in
+    that dtype: bfloat16 0.0156, float16 0.00195) plus n times half its smallest subnormal (an entry below that
+    rounds to 0: float16 flushes every entry under 3e-8, which over a 150k-token vocabulary can be 0.0045 of the
+    mass; for bfloat16, with float32's range, nothing)."""
+    if dtype not in LOW_PRECISION:
+        return SUM_TOL
+    info = torch.finfo(dtype)
+    return max(SUM_TOL, 2 * info.eps + n * info.tiny * info.eps / 2)
 
 
 def as_float64(x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +129,7 @@ def check_distribution(name: str, x: torch.Tensor, tol: float | None = None) -> 
     """Raise ValueError naming ``name`` unless every row (last dim) of ``x`` is a probability distribution, its sum
     within ``tol`` of 1 (default: :func:`sum_tolerance` of its dtype)."""
     if tol is None:
-        tol = sum_tolerance(x.dtype)
+        tol = sum_tolerance(x.dtype, x.shape[-1] if x.dim() else 1)
     if x.is_complex() or not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor of probabilities, got dtype {x.dtype}")
     if x.numel() == 0:

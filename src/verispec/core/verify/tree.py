@@ -41,7 +41,7 @@ from typing import Literal
 import torch
 
 from verispec.core.rules import Rule, TruncationRule
-from verispec.core.verify.chain import sample_categorical
+from verispec.core.verify.chain import as_float64, check_distribution, sample_categorical
 
 __all__ = [
     "PositionWalk",
@@ -199,10 +199,18 @@ class PositionWalk:
 
     def __init__(self, rule: Rule, p: torch.Tensor, candidates: Sequence[int], q: torch.Tensor | None = None):
         check_tree_rule(rule)
+        check_distribution("p", p)
+        if q is not None:
+            check_distribution("q", q)
         self.rule = rule
         self.verifier = rule.tree_verifier()
         self.candidates = [int(x) for x in candidates]
-        self.bonus = rule.target(p.to(torch.float64))
+        vocab = p.shape[-1]
+        if any(not 0 <= x < vocab for x in self.candidates):
+            bad = next(x for x in self.candidates if not 0 <= x < vocab)
+            raise ValueError(f"candidate token id {bad} is outside the vocabulary [0, {vocab})")
+        self.bonus = rule.target(as_float64(p))
+        q = as_float64(q) if q is not None else None
         self._qs = candidate_q(q, self.candidates) if q is not None else None
 
     def _q(self, i: int) -> torch.Tensor:
