@@ -232,6 +232,8 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
     (["--reference-dtype", "int8"], "'--reference-dtype'"),  # refused by click itself
     (["--alpha", "2"], "'--alpha'"),
     (["--reference-threads", "0"], "'--reference-threads'"),
+    (["--logit-bias", '{"abc": 1}'], "--logit-bias: keys are token ids"),
+    (["--logit-bias", '{"13": "high"}'], "--logit-bias: values are numbers"),
 ])
 def test_cli_bad_flag_is_no_verdict(flags, words):
     """A --response-format that is not JSON, one the reference mode cannot restrict (two-sample), or a value click
@@ -496,13 +498,17 @@ def test_two_sample_test_is_calibrated_and_its_power_is_reached():
 def test_partial_design_defaults():
     """A part of the design given fills the rest: top-k 3 by default, none where top-p or min-p is audited (that
     truncation makes the support small; a top-k 3 on top of it would audit a law nobody asked for); nothing given
-    tries the automatic settings."""
-    from verispec.audit.core import AUTO_SETTINGS, _settings
+    tries the automatic settings, their top-k kept where top-p or min-p is audited (``--top-p`` alone: the law must
+    stay small enough to enumerate); prompts alone are a part given."""
+    from verispec.audit.core import AUTO_PROMPTS, AUTO_SETTINGS, _settings
 
     assert _settings(["x"], 1.0, None, 2) == (False, [(2, 3, 1.0)], ["x"])
     assert _settings(["x"], 1.0, None, 2, truncated=True) == (False, [(2, 0, 1.0)], ["x"])
     assert _settings(["x"], 1.0, 5, 2, truncated=True) == (True, [(2, 5, 1.0)], ["x"])
-    assert _settings(None, None, None, None)[1] == list(AUTO_SETTINGS)
+    assert _settings(None, None, None, None) == (False, list(AUTO_SETTINGS), list(AUTO_PROMPTS))
+    assert _settings(None, None, None, None, truncated=True)[1] == list(AUTO_SETTINGS)
+    assert _settings(["x"], None, None, None) == (False, [(3, 3, 1.0)], ["x"])
+    assert _settings(["x"], None, None, None, truncated=True) == (False, [(3, 0, 1.0)], ["x"])
 
 
 def test_a_plan_no_n_reaches_is_said_up_front(server, reference):
@@ -512,3 +518,147 @@ def test_a_plan_no_n_reaches_is_said_up_front(server, reference):
                 quiet=True, tie_gap=TIE_GAP, target_tv=0.15, tau=0.15, time_limit=1, **DESIGN)
     assert rep.verdict != "pass"
     assert any(f"no N up to {stats.N_MAX}" in note and "tau 0.15" in note for note in rep.notes), rep.notes
+
+
+# -- a cut run, input refused before the run, strict JSON --------------------------------------------------------
+
+
+def test_a_cut_run_drops_the_last_requests_whatever_their_values():
+    """A run cut by the time limit keeps the same N for every prompt by dropping the samples of the last requests
+    sent, not those of the continuations seen last nor of the answers that came last: prompt "p"'s requests answer
+    "x y", "y y", then "z z" (the last, answered first: the others wait for it), and the cut keeps its first 4
+    samples "x y y y". The old cut, by value, kept 3 "x" and 1 "y"; by the answers' order, "z z" would stay."""
+    import threading
+    import time
+    from collections import Counter
+
+    from verispec.audit.core import _sample, _trim
+
+    stop, released = threading.Event(), threading.Event()
+    entered = {0: threading.Event(), 2: threading.Event()}
+    answers = {0: ["x", "y"], 2: ["y", "y"], 4: ["z", "z"]}  # p's requests (index = seed / 2); q's answer "w w"
+
+    class Client:
+        role = "engine"
+
+        def complete(self, prompt: str, **body) -> dict:
+            idx = body["seed"] // 2
+            if idx in entered:  # p's first two requests answer after its third
+                entered[idx].set()
+                released.wait(10)
+            if idx == 4:  # the deadline passes while p's third request runs: q's third is never sent
+                for e in entered.values():
+                    e.wait(10)
+                stop.set()
+                released.set()
+            texts = answers[idx] if prompt == "p" else ["w", "w"]
+            return {"choices": [{"text": t, "finish_reason": "length"} for t in texts]}
+
+    # 3 threads: requests 0 and 2 wait, so 1, 3 and 4 run one after the other on the third
+    arrived, _, _, cut = _sample(Client(), ["p", "q"], 8, {}, 2, 0, 3, time.monotonic() + 60, True, False, stop)
+    assert cut and [len(a) for a in arrived] == [6, 4]
+    assert arrived[0] == [("x", False), ("y", False), ("y", False), ("y", False), ("z", False), ("z", False)]
+    assert _trim(arrived[0], 4) == Counter({("y", False): 3, ("x", False): 1})
+    assert _trim(arrived[1], 4) == Counter({("w", False): 4})
+
+
+def test_an_endpoint_that_does_not_speak_http_is_no_verdict():
+    """Something that answers in another protocol (an SSH banner), or an HTTP answer cut short: a clear error naming
+    the endpoint and the flag, not an http.client exception."""
+    import socket
+    import threading
+
+    from verispec.audit import EngineClient
+
+    replies = [b"SSH-2.0-OpenSSH_9.0\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}"]
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def answer() -> None:
+        for reply in replies:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(10)
+                conn.recv(65536)
+                conn.sendall(reply)
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(65536):  # the rest of the request: closing on unread data would reset the connection
+                    pass
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    try:
+        for reply, role, flag in zip(replies, ("engine", "reference"), ("--base-url", "--reference-url"), strict=True):
+            with pytest.raises(AuditInputError, match=f"the {role} endpoint .* gave no valid HTTP answer") as exc:
+                EngineClient(url, MODEL, role=role, timeout=10).complete("x", max_tokens=1)
+            assert flag in str(exc.value) and ("BadStatusLine" if reply.startswith(b"SSH") else "IncompleteRead") \
+                in str(exc.value)
+    finally:
+        thread.join(5)
+        srv.close()
+
+
+def test_empty_prompts_are_no_verdict(tmp_path):
+    """An empty --prompts file (blank lines only) or an empty prompt list in Python is a mistake, not a request for
+    the automatic prompts (None asks for those): no verdict, exit 3, --prompts named, nothing sent."""
+    from click.testing import CliRunner
+
+    from verispec.cli.main import main
+
+    url = "http://127.0.0.1:9"  # never reached: the input is refused first
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    result = CliRunner().invoke(main, ["audit", "--base-url", url, "--model", MODEL, "--reference-url", url,
+                                       "--prompts", str(tmp_path / "empty.txt"), "--json"])
+    assert result.exit_code == 3 and "--prompts" in result.output, result.output
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["verdict"] is None and "no prompt" in last["error"]
+    for two in (False, True):
+        with pytest.raises(AuditInputError, match="--prompts: no prompt given"):
+            audit(url, MODEL, reference_url=url, two_sample=two, prompts=[], quiet=True)
+
+
+def test_an_unusable_out_directory_is_no_verdict_before_the_run(tmp_path):
+    """--out under a regular file: refused before any request (the engine here is down, and the error is about
+    --out, not the endpoint), exit 3 with a JSON last line; a report that cannot be written at the end is no verdict
+    too, naming --out."""
+    from click.testing import CliRunner
+
+    from verispec.cli.main import main
+
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "rep"
+    url = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(main, ["audit", "--base-url", url, "--model", MODEL, "--reference-url", url,
+                                       "--out", str(out), "--json"])
+    assert result.exit_code == 3, result.output
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["verdict"] is None and last["error"].startswith(f"--out {out}") and "not answering" not in last["error"]
+    from verispec.audit.core import _write
+
+    with pytest.raises(AuditInputError, match="--out .*could not be written"):
+        _write({"verdict": "pass"}, str(out))  # type: ignore[arg-type]
+
+
+def test_json_is_strict_where_no_tv_is_detectable(server, tmp_path):
+    """N = 5 on the toy design: no TV up to 1 is detectable, so the smallest detectable TV is inf in Python and null
+    (never Infinity) in the --json line and audit.json; audit.md says "none" there."""
+    from click.testing import CliRunner
+
+    from verispec.cli.main import main
+
+    def strict(text: str) -> dict:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+    (tmp_path / "p.txt").write_text('"the cat"\n')
+    result = CliRunner().invoke(main, [
+        "audit", "--base-url", server.url, "--model", MODEL, "--reference-url", server.url, "--prompts",
+        str(tmp_path / "p.txt"), "--length", "2", "--top-k", "3", "--temperature", "1", "--samples", "5", "--tv", "0.5",
+        "--per-request", "16", "--tie-gap", "1e-6", "--out", str(tmp_path / "rep"), "--json"])
+    last = strict(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code == 2 and last["verdict"] == "underpowered", (result.exit_code, last)
+    assert last["power"]["min_detectable_tv"] is None
+    assert strict((tmp_path / "rep" / "audit.json").read_text())["power"]["min_detectable_tv"] is None
+    md = (tmp_path / "rep" / "audit.md").read_text()
+    assert "| smallest TV detectable with power 0.9 | none (no TV up to 1" in md

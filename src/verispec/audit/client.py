@@ -6,6 +6,7 @@ malformed answer) and what would work instead; the audit stops there and reaches
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import time
@@ -74,15 +75,21 @@ class EngineClient:
                 break
             except urllib.error.HTTPError as err:
                 if err.code in (429, 503) and attempt < RETRIES:  # busy, not a refusal: wait and retry
-                    err.read()
+                    try:
+                        err.read()
+                    except (OSError, http.client.HTTPException):
+                        pass  # the body of a busy answer says nothing the retry needs
                     time.sleep(min(0.25 * 2**attempt, 5.0))
                     continue
                 raise self._refused(err, body) from None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
                 reason = getattr(err, "reason", err)
                 raise AuditInputError(f"the {self.role} endpoint {self.base} is not answering ({reason}): start it, "
-                                      f"or check --{'base-url' if self.role == 'engine' else 'reference-url'}"
-                                      ) from None
+                                      f"or check {self._flag}") from None
+            except http.client.HTTPException as err:  # something answers, but not in HTTP (or cut mid-answer)
+                raise AuditInputError(f"the {self.role} endpoint {self.base} gave no valid HTTP answer "
+                                      f"({repr(err)[:120]}): is it an OpenAI-compatible HTTP "
+                                      f"server? check {self._flag}") from None
         try:
             out = json.loads(raw)
         except ValueError:
@@ -97,10 +104,14 @@ class EngineClient:
                                       f"({str(ch)[:120]})")
         return out
 
+    @property
+    def _flag(self) -> str:
+        return "--base-url" if self.role == "engine" else "--reference-url"
+
     def _refused(self, err: urllib.error.HTTPError, body: dict) -> AuditInputError:
         try:
             detail = json.loads(err.read())
-        except (ValueError, OSError):
+        except (ValueError, OSError, http.client.HTTPException):
             detail = {}
         error = detail.get("error") if isinstance(detail, dict) else None
         message = (error or {}).get("message") if isinstance(error, dict) else None

@@ -15,6 +15,8 @@ test of homogeneity of the two samples: approximate; the section "two-sample mod
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import sys
 import threading
 import time
@@ -22,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,7 @@ from verispec.audit import stats
 from verispec.audit.client import AuditInputError, EngineClient
 from verispec.audit.inprocess import LLMClient
 from verispec.audit.reference import ModelReference, Outcome, UrlReference
-from verispec.audit.report import write_report
+from verispec.audit.report import to_json, write_report
 from verispec.core import rules as _rules
 from verispec.core.sampling import SamplingConfig
 
@@ -66,7 +69,8 @@ def _say(msg: str, quiet: bool) -> None:
 
 @dataclass
 class AuditReport:
-    """Everything an audit found; :meth:`as_dict` is the JSON report, ``verdict`` is pass / fail / underpowered."""
+    """Everything an audit found; ``verdict`` is pass / fail / underpowered. :meth:`as_dict` gives the values as
+    they are (a smallest detectable TV no N reaches is ``inf``), :meth:`as_json` the strict JSON report."""
 
     verdict: str
     engine: dict
@@ -85,6 +89,10 @@ class AuditReport:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def as_json(self, **kwargs: Any) -> str:
+        """The report as strict JSON (:func:`~verispec.audit.report.to_json`: a non-finite number is null)."""
+        return to_json(self, **kwargs)
 
     @property
     def exit_code(self) -> int:
@@ -124,15 +132,57 @@ def _spread(law: dict[Outcome, float]) -> float:
 def _settings(prompts: Sequence[str] | None, temperature: float | None, top_k: int | None,
               length: int | None, truncated: bool = False) -> tuple[bool, list[tuple[int, int, float]], list[str]]:
     """(fixed design?, the (length, top_k, temperature) settings to try, the candidate prompts): everything given
-    fixes the design; nothing given tries :data:`AUTO_SETTINGS`; a part given fills the rest with defaults (top-k 3,
-    or none where top-p or min-p is audited (``truncated``): that truncation is the one asked for)."""
-    fixed = bool(temperature is not None and top_k is not None and length is not None and prompts)
+    fixes the design; nothing given (prompts included) tries :data:`AUTO_SETTINGS`, top-k included even where top-p
+    or min-p is audited (without it the law to enumerate can be the whole nucleus over every position); a part
+    given fills the rest with defaults (length 3, temperature 1, top-k 3, or none where top-p or min-p is audited,
+    ``truncated``: that truncation is the one asked for, and a top-k on top of it could hide it)."""
+    given = prompts is not None
+    fixed = given and temperature is not None and top_k is not None and length is not None
     default_k = 0 if truncated else 3
-    settings = [(length or 3, top_k if top_k is not None else default_k,
-                 temperature if temperature is not None else 1.0)]
-    if not fixed and (temperature is None and top_k is None and length is None):
+    if not given and temperature is None and top_k is None and length is None:
         settings = list(AUTO_SETTINGS)
-    return fixed, settings, list(prompts) if prompts else list(AUTO_PROMPTS)
+    else:
+        settings = [(length or 3, top_k if top_k is not None else default_k,
+                     temperature if temperature is not None else 1.0)]
+    return fixed, settings, list(prompts) if prompts is not None else list(AUTO_PROMPTS)
+
+
+def _check_inputs(prompts: Sequence[str] | None, logit_bias: dict | None) -> None:
+    """Refused before any request: an empty prompt list (None, not [], asks for the automatic prompts) and a logit
+    bias that is not token id -> number."""
+    if prompts is not None and len(prompts) == 0:
+        raise AuditInputError("--prompts: no prompt given (an empty file or list); give at least one, or leave "
+                              "--prompts out to have them chosen automatically")
+    for key, value in (logit_bias or {}).items():
+        try:
+            int(str(key))
+        except ValueError:
+            raise AuditInputError(f"--logit-bias: keys are token ids (integers), got {key!r}") from None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise AuditInputError(f"--logit-bias: values are numbers (a bias in logits), got {value!r} for token "
+                                  f"{key!r}")
+
+
+def _prepare_out(out_dir: str | None) -> None:
+    """The report directory, made before any request: one that cannot be made or written is found before the
+    run, not after it."""
+    if out_dir is None:
+        return
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AuditInputError(f"--out {out_dir}: the report directory cannot be made ({exc})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise AuditInputError(f"--out {out_dir}: the report directory is not writable")
+
+
+def _write(report: AuditReport, out_dir: str) -> None:
+    """The report files, or no verdict: a verdict whose report was asked for and not written is not given."""
+    try:
+        write_report(report, out_dir)
+    except OSError as exc:
+        raise AuditInputError(f"--out {out_dir}: the report could not be written ({exc})") from None
 
 
 def choose_design(ref: Any, prompts: Sequence[str], settings: Sequence[tuple[int, int, float]], make_cfg: Callable,
@@ -184,16 +234,18 @@ def tolerance(noise: float) -> float:
 
 def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields: dict, per_request: int,
             seed: int, concurrency: int, deadline: float, quiet: bool, want_logprobs: bool,
-            stop: threading.Event | None = None) -> tuple[list[Counter], list[list[dict]], list[dict], bool]:
-    """Counts of outcomes per prompt (requests interleaved over prompts, seeds ``seed + request index x
-    per_request``), the choices' logprobs, the ``verispec`` blocks, and whether the deadline (or ``stop``, set by
-    another sampler's failure) cut the sampling short."""
+            stop: threading.Event | None = None) -> tuple[list[list[Outcome]], list[list[dict]], list[dict], bool]:
+    """The outcomes of each prompt in the order their requests were sent (requests interleaved over prompts, seeds
+    ``seed + request index x per_request``; choice by choice within a request), the choices' logprobs, the
+    ``verispec`` blocks, and whether the deadline (or ``stop``, set by another sampler's failure) cut the sampling
+    short. The order is the requests', not their answers': how fast an answer comes may depend on what it says (an
+    accepted draft is quicker), so only the former keeps a cut (:func:`_trim`) blind to the values."""
     jobs = []
     per = max(1, per_request)
     for i in range(0, n_per_prompt, per):
         for j in range(len(prompts)):
             jobs.append((j, min(per, n_per_prompt - i)))
-    counts = [Counter() for _ in prompts]
+    answers: list[list[Outcome] | None] = [None] * len(jobs)
     lps: list[list[dict]] = [[] for _ in prompts]
     extras: list[dict] = []
     lock, stop = threading.Lock(), (stop if stop is not None else threading.Event())
@@ -217,9 +269,8 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
             raise AuditInputError(f"the engine returned {len(choices)} choices for n = {k}: field `n` not honoured "
                                   f"(rerun with --per-request 1)")
         with lock:
+            answers[idx] = [(ch["text"], ch.get("finish_reason") == "stop") for ch in choices]
             for ch in choices:
-                ended = ch.get("finish_reason") == "stop"
-                counts[j][(ch["text"], ended)] += 1
                 if want_logprobs and isinstance(ch.get("logprobs"), dict):
                     lps[j].append(ch["logprobs"])
             if isinstance(out.get("verispec"), dict):
@@ -234,12 +285,12 @@ def _sample(client: EngineClient, prompts: list[str], n_per_prompt: int, fields:
                      f"{left / max(rate, 1e-9):.0f} s left)", quiet)
 
     _run_all(run, len(jobs), concurrency, stop)
-    # a cut run keeps only whole rounds over the prompts (the same N for every prompt)
-    n_each = min(sum(c.values()) for c in counts)
-    cut = stop.is_set()
-    if cut and any(sum(c.values()) != n_each for c in counts):
-        counts = [_trim(c, n_each) for c in counts]
-    return counts, lps, extras, cut
+    arrived: list[list[Outcome]] = [[] for _ in prompts]
+    for (j, _), got in zip(jobs, answers, strict=True):
+        if got is None:  # cut: the requests kept are those sent before the first one unanswered
+            break
+        arrived[j].extend(got)
+    return arrived, lps, extras, stop.is_set()
 
 
 def _run_all(run: Callable[[int], None], n_jobs: int, concurrency: int, stop: threading.Event) -> None:
@@ -265,17 +316,12 @@ def _run_all(run: Callable[[int], None], n_jobs: int, concurrency: int, stop: th
             raise
 
 
-def _trim(c: Counter, n: int) -> Counter:
-    """Keep ``n`` of the samples in ``c`` (the last requests of a prompt whose round over prompts did not finish;
-    which samples go is fixed by their order of arrival, not by their value)."""
-    out: Counter = Counter()
-    left = n
-    for k, v in c.items():
-        take = min(v, left)
-        if take:
-            out[k] = take
-        left -= take
-    return out
+def _trim(arrived: Sequence[Outcome], n: int) -> Counter:
+    """The counts of a prompt's first ``n`` samples in arrival order (:func:`_sample`'s: the order their requests
+    were sent). A run cut short keeps the same N for every prompt (and side) by dropping the last samples, whatever
+    their values; dropping by value (say, the continuations seen last) would bias the sample, and a correct engine
+    could fail."""
+    return Counter(arrived[:n])
 
 
 def _logprob_errors(ref: Any, prompts: list[str], cfg: SamplingConfig, lps: list[list[dict]],
@@ -350,20 +396,22 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     ``reference_model`` (a GGUF or registered name, llama.cpp; or an HF directory, transformers in ``reference_dtype``;
     with ``reference_draft`` for a declared lossy rule's law), ``reference_url`` (an endpoint of the same model without
     speculation, read through its top logprobs: ``reference_logprobs`` "auto", "processed" or "raw"), or a ready
-    ``reference`` object (:class:`~verispec.audit.reference.ModelReference`). Unset sampling settings and prompts are
-    chosen automatically (:func:`choose_design`); ``n`` fixes the samples per prompt (default: planned for ``target_tv``
-    at ``power``). ``verification`` is sent in each request body and declares the rule whose law is audited (its exact
-    induced law for a lossy rule, with ``gamma`` drafts per round); ``gamma`` is sent as verispec's ``speculative:
-    {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the logit gap at a truncation boundary
-    (top-k, top-p or min-p) below which a prefix counts as a near-tie (default
+    ``reference`` object (:class:`~verispec.audit.reference.ModelReference`). Unset (None) sampling settings and prompts
+    are chosen automatically (:func:`choose_design`; an empty ``prompts`` is refused); ``n`` fixes the samples per
+    prompt (default: planned for ``target_tv`` at ``power``). ``verification`` is sent in each request body and declares
+    the rule whose law is audited (its exact induced law for a lossy rule, with ``gamma`` drafts per round); ``gamma``
+    is sent as verispec's ``speculative: {"gamma": gamma}``; ``extra_body`` adds any other fields. ``tie_gap``: the
+    logit gap at a truncation boundary (top-k, top-p or min-p) below which a prefix counts as a near-tie (default
     :data:`~verispec.audit.reference.TIE_GAP`): the automatic design skips such prompts, given prompts with one are
     refused. ``response_format`` (structured output, sent in every request): the law is the reference's restricted to
     the grammar (its logits masked before processing, as verispec's engine does), so a sample outside the grammar has
     probability 0 and fails the audit (``--reference-model`` only). ``two_sample`` (with ``reference_url``): no
     log-probabilities are read; the reference endpoint is sampled like the engine and the two samples are tested for
     homogeneity (:func:`audit_two_sample`: approximate, no exact law). With ``out_dir`` the report (markdown, JSON,
-    figure) is written there."""
+    figure) is written there (the directory is made before any request; a report that cannot be written is no
+    verdict)."""
     t_start = time.monotonic()
+    _check_inputs(prompts, logit_bias)
     if sum(x is not None for x in (reference_model, reference_url, reference)) != 1:
         raise AuditInputError("give exactly one reference: --reference-model (a GGUF or HF directory of the same "
                               "weights) or --reference-url (an endpoint of the same model without speculation)")
@@ -394,6 +442,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     engine: Any = (LLMClient(llm, model, extra_body=body_extra) if llm is not None else
                    EngineClient(base_url, model, api_key, timeout=max(60.0, min(600.0, time_limit)),
                                 extra_body=body_extra))
+    _prepare_out(out_dir)
 
     if two_sample:
         if rule is not None and not rule.lossless:
@@ -483,10 +532,11 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
 
     t_sample = time.monotonic()
     deadline = t_start + time_limit
-    counts, lps, extras, cut = _sample(engine, chosen_prompts, planned, fields, per_request, seed, concurrency,
-                                       deadline, quiet, check_logprobs)
+    arrived, lps, extras, cut = _sample(engine, chosen_prompts, planned, fields, per_request, seed, concurrency,
+                                        deadline, quiet, check_logprobs)
     sample_seconds = time.monotonic() - t_sample
-    n_each = min(sum(c.values()) for c in counts)
+    n_each = min(len(a) for a in arrived)
+    counts = [_trim(a, n_each) for a in arrived]  # a cut run: the same N for every prompt
     if n_each == 0:
         raise AuditInputError(f"no sample arrived within --time-limit {time_limit:.0f} s: no verdict")
 
@@ -561,7 +611,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     _say(f"verdict {verdict}: p = {pvalue:.3g} (alpha {alpha:g}), TV {tv_hat:.3f} [{tv_lo:.3f}, {tv_hi:.3f}], "
          f"N {n_total}, smallest TV detectable with power {power}: {mdt:.3f}", quiet)
     if out_dir is not None:
-        write_report(report, out_dir)
+        _write(report, out_dir)
     return report
 
 
@@ -616,10 +666,10 @@ class SampledReference:
         key = (prompt, length, cfg.temperature, cfg.top_k)
         if key not in self.pilots:
             fields = self.fields_for(length, cfg.temperature, cfg.top_k)
-            counts, _, _, _ = _sample(self.client, [prompt], self.pilot_n, fields, self.per_request, self.next_seed,
-                                      self.concurrency, self.deadline, True, False)
+            arrived, _, _, _ = _sample(self.client, [prompt], self.pilot_n, fields, self.per_request,
+                                       self.next_seed, self.concurrency, self.deadline, True, False)
             self.next_seed += math.ceil(self.pilot_n / self.per_request) * self.per_request
-            self.pilots[key] = counts[0]
+            self.pilots[key] = Counter(arrived[0])
         c = self.pilots[key]
         total = sum(c.values())
         if total == 0:
@@ -654,6 +704,8 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
     :func:`verispec.audit.audit`'s. Errors raise :class:`AuditInputError` before any verdict."""
     t_start = time.monotonic() if t_start is None else t_start
     deadline = t_start + time_limit
+    _check_inputs(prompts, logit_bias)
+    _prepare_out(out_dir)
 
     def fields_for(length_: int, temperature_: float, top_k_: int | None) -> dict[str, Any]:
         return request_fields(length_, temperature_, top_k_, top_p, min_p, penalties, logit_bias)
@@ -708,16 +760,16 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
         wait([fe, fr], return_when=FIRST_EXCEPTION)
         if fe.exception() is not None or fr.exception() is not None:
             stop.set()
-        counts_e, _, extras, cut_e = fe.result()
-        counts_r, _, _, cut_r = fr.result()
+        arrived_e, _, extras, cut_e = fe.result()
+        arrived_r, _, _, cut_r = fr.result()
     sample_seconds = time.monotonic() - t_sample
-    n_each = min(sum(c.values()) for c in counts_e + counts_r)
+    n_each = min(len(a) for a in arrived_e + arrived_r)
     if n_each == 0:
         raise AuditInputError(f"no sample arrived from both endpoints within --time-limit {time_limit:.0f} s: no "
                               f"verdict")
-    if any(sum(c.values()) != n_each for c in counts_e + counts_r):  # a cut run: the same N everywhere
-        counts_e = [_trim(c, n_each) for c in counts_e]
-        counts_r = [_trim(c, n_each) for c in counts_r]
+    # a cut run: the same N for every prompt on both sides, the samples of the last requests dropped
+    counts_e = [_trim(a, n_each) for a in arrived_e]
+    counts_r = [_trim(a, n_each) for a in arrived_r]
 
     st = stats.two_sample_test(counts_e, counts_r, tau_used, alpha, power, target_tv)
     tv_hat, tv_lo, tv_hi = stats.tv_two_sample(counts_e, counts_r, seed=seed)
@@ -776,5 +828,5 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
          f"{tv_hi:.3f}] between the two samples, N {n_total} per side, smallest TV detectable with power {power}: "
          f"{st['min_detectable_tv']:.3f} (two-sample: approximate)", quiet)
     if out_dir is not None:
-        write_report(report, out_dir)
+        _write(report, out_dir)
     return report

@@ -2,7 +2,7 @@
 the TV with its interval, the most over- and under-sampled continuations) and ``audit.png`` (observed vs exact
 probability per continuation, with 95% binomial intervals; the acceptance profile where the engine reports it).
 A two-sample audit's report puts the reference endpoint's sampled frequencies where the exact law would be, and
-says that it is approximate."""
+says that it is approximate. The JSON is strict (:func:`to_json`): a number that is not finite is null."""
 
 from __future__ import annotations
 
@@ -11,15 +11,45 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown", "write_report"]
+__all__ = ["finite", "markdown", "to_json", "write_report"]
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every float that is not finite (a smallest detectable TV that no TV up to 1 reaches is inf) as
+    None, through dicts, lists and tuples: strict JSON has no Infinity or NaN."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def to_json(rep: Any, **kwargs: Any) -> str:
+    """The report (an :class:`~verispec.audit.core.AuditReport` or its dict) as strict JSON: :func:`finite`'s nulls,
+    never ``Infinity`` or ``NaN``; ``kwargs`` go to :func:`json.dumps`."""
+    d = rep.as_dict() if hasattr(rep, "as_dict") else rep
+    return json.dumps(finite(d), allow_nan=False, default=str, **kwargs)
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:  # a non-finite number read back from the JSON
+        return "n/a"
     if isinstance(x, float):
         if math.isinf(x):
             return "inf"
+        if math.isnan(x):
+            return "n/a"
         return f"{x:.{digits}g}" if abs(x) < 1e-3 and x != 0 else f"{x:.{digits}f}"
     return str(x)
+
+
+def _fmt_tv(x: Any) -> str:
+    """A smallest detectable TV; not finite (null in the JSON) when no TV up to 1 is."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "none (no TV up to 1 is detectable with this N and these bins)"
+    return _fmt(x)
 
 
 def _markdown_two_sample(d: dict) -> str:
@@ -51,7 +81,8 @@ def _markdown_two_sample(d: dict) -> str:
         f"| p-value | {_fmt(t['pvalue'])} |",
         f"| estimated TV between the two samples | {_fmt(tv['estimate'])} [{_fmt(tv['ci95'][0])}, "
         f"{_fmt(tv['ci95'][1])}] (95%; {tv['method']}; biased up by both sides' sampling noise) |",
-        f"| smallest TV detectable with power {p['power_goal']} | {_fmt(p['min_detectable_tv'])} ({p['method']}) |",
+        f"| smallest TV detectable with power {p['power_goal']} | {_fmt_tv(p['min_detectable_tv'])} ({p['method']}) "
+        f"|",
         f"| power at TV {p['target_tv']} | {_fmt(p['power_at_target_tv'])} (N needed per prompt and side: "
         f"{p['n_needed_per_prompt'] if p['n_needed_per_prompt'] is not None else 'not planned (given)'}) |",
         f"| time | {_fmt(d['seconds']['total'], 1)} s (pilot and design {_fmt(d['seconds']['reference'], 1)} s, "
@@ -112,7 +143,7 @@ def markdown(rep: Any) -> str:
         f"zero-probability samples, {_fmt(t['p_impossible'])}) |",
         f"| estimated TV | {_fmt(tv['estimate'])} [{_fmt(tv['ci95'][0])}, {_fmt(tv['ci95'][1])}] (95%, plug-in, "
         f"biased up by sampling noise) |",
-        f"| smallest TV detectable with power {p['power_goal']} | {_fmt(p['min_detectable_tv'])} |",
+        f"| smallest TV detectable with power {p['power_goal']} | {_fmt_tv(p['min_detectable_tv'])} |",
         f"| power at TV {p['target_tv']} | {_fmt(p['power_at_target_tv'])} (N needed per prompt: "
         f"{p['n_needed_per_prompt']}) |",
         f"| time | {_fmt(d['seconds']['total'], 1)} s (reference {_fmt(d['seconds']['reference'], 1)} s, sampling "
@@ -193,8 +224,7 @@ def write_report(rep: Any, out_dir: str | Path) -> Path:
     """``audit.json``, ``audit.md`` and ``audit.png`` in ``out_dir`` (made if missing)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    d = rep.as_dict() if hasattr(rep, "as_dict") else rep
-    (out / "audit.json").write_text(json.dumps(d, indent=1, default=str) + "\n")
+    (out / "audit.json").write_text(to_json(rep, indent=1) + "\n")
     (out / "audit.md").write_text(markdown(rep))
     figure(rep, out / "audit.png")
     return out

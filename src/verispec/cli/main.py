@@ -735,6 +735,9 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
                     except ValueError:
                         value = line
                     prompts.append(value if isinstance(value, str) else line)
+            if not prompts:  # an empty file is a mistake, not a request for the automatic prompts
+                raise AuditInputError(f"--prompts {prompts_file}: no prompt in the file (blank lines are skipped); "
+                                      f"give at least one, or leave --prompts out to have them chosen automatically")
         penalties = _sampling_options(sampling)
         report = run_audit(
             base_url, model, reference_model=reference_model, reference_url=reference_url,
@@ -756,16 +759,18 @@ def audit(base_url: str, model: str, reference_model: str | None, reference_url:
         return
     d = report.as_dict()
     if as_json:
-        click.echo(json.dumps(d, default=str, separators=(",", ":")))
+        click.echo(report.as_json(separators=(",", ":")))  # strict JSON: a non-finite number is null
     else:
         t, pw, tv = d["test"], d["power"], d["tv"]
         two = d["reference"]["mode"] == "two-sample"
+        mdt = pw["min_detectable_tv"]
         click.echo(f"verdict: {d['verdict']}{' (two-sample: approximate, no exact law)' if two else ''}\n"
                    f"p-value: {t['pvalue']:.3g} (alpha {t['alpha']:g}, tau {t['tau']:.2g})\n"
                    f"TV{' between the two samples' if two else ''}: {tv['estimate']:.4f} [{tv['ci95'][0]:.4f}, "
                    f"{tv['ci95'][1]:.4f}]\n"
                    f"N: {d['n']['total']}{' on each side' if two else ''}; smallest TV detectable with power "
-                   f"{pw['power_goal']}: {pw['min_detectable_tv']:.4f}")
+                   f"{pw['power_goal']}: "
+                   f"{f'{mdt:.4f}' if math.isfinite(mdt) else 'none (no TV up to 1 is detectable with this N)'}")
     sys.exit(report.exit_code)
 
 
