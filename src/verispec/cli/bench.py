@@ -40,9 +40,11 @@ def _csv(text: str | None) -> list[str] | None:
 
 
 def _seeds(text: str | None) -> list[int] | None:
-    items = _csv(text)
-    if items is None:
+    if text is None:
         return None
+    items = _csv(text)
+    if not items:
+        raise click.BadParameter(f"--seeds must list at least one seed, got {text!r}")
     try:
         return [int(s) for s in items]
     except ValueError:
@@ -57,7 +59,8 @@ def bench() -> None:
 _limit = click.option("--limit", type=click.IntRange(min=0), default=None,
                       help="At most N problems per task (overrides larger limits in the config).")
 _tasks = click.option("--tasks", "tasks_text", default=None, metavar="A,B", help="Only these tasks of the config.")
-_seeds_opt = click.option("--seeds", "seeds_text", default=None, metavar="0,1", help="Only these seeds.")
+_seeds_opt = click.option("--seeds", "seeds_text", default=None, metavar="0,1",
+                          help="Only these seeds of the config (distinct).")
 _methods_opt = click.option("--method", "methods", multiple=True, metavar="LABEL",
                             help="Only this setting of the config, by its label as `bench grid` prints it "
                                  "(e.g. 'adaptive-interpolation(lam=0.2)'); repeat for several. With "
@@ -81,9 +84,9 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
         cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
                                              methods=methods)
         problems = load_problems(cfg)
+        units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
-    units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
     click.echo(f"{cfg.name}: {len(units)} units = {len(cfg.seeds)} seeds x {len(cfg.methods)} settings x "
                f"{sum(len(v) for v in problems.values())} problems")
     click.echo("tasks: " + ", ".join(f"{k} ({len(v)})" for k, v in problems.items()))

@@ -34,6 +34,20 @@ __all__ = ["main"]
 SUM_TOL = 1e-6
 
 
+def _stdout_closed() -> None:
+    """Exit with status 1 and no message after the reader of stdout went away: stdout goes to devnull so that
+    flushing it at exit raises no second error (as Python's docs on SIGPIPE recommend)."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's captured stdout)
+        pass
+    sys.exit(1)
+
+
 def _fail(message: object) -> click.ClickException:
     """A one-line ClickException (exit status 1, ``Error: <message>`` on stderr)."""
     return click.ClickException(" ".join(str(message).split()))
@@ -380,7 +394,8 @@ def schema_values(given: dict[str, object]) -> dict[str, object]:
 @click.option("--draft-p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
               help="Stop a draft model's chain where its top probability falls below this (lossless; 0: off).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
-@click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="torch intra-op threads (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Where the transformers models run: cpu, cuda[:N].")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as tokens are committed, or wait for the whole answer.")
@@ -421,6 +436,8 @@ def generate(prompt: str, target: str | None, draft: str | None, params: tuple[s
                              draft_p_min=draft_p_min)
         request = Request(prompt, rule=rule, sampling=cfg, **values)
         result = _run_streaming(engine, request, echo=stream and not as_json)
+    except BrokenPipeError:  # stdout closed by its reader (`| head`): end quietly, as click does elsewhere
+        _stdout_closed()
     except (ValueError, ImportError, models.ModelError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
@@ -509,7 +526,8 @@ def stop_reason(result: object, max_new_tokens: int, eos_ids: set[int]) -> str:
               help=f"{AUTO}: llamacpp when llama-cpp-python is installed, else hf; "
                    + "; ".join(f"{k}: {v.help}" for k, v in TARGET_BACKENDS.items()) + ".")
 @click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True)
-@click.option("--threads", default=None, type=int, help="torch intra-op threads (default: all cores).")
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="torch intra-op threads (default: all cores).")
 @click.option("--draft-p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
               help="Stop a draft model's chain where its top probability falls below this (lossless; 0: off).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the target's name).")

@@ -30,7 +30,7 @@ A config (see ``configs/*.toml``)::
     [[tasks]]
     name = "humaneval"
     limit = 20                  # first N problems (after subset)
-    subset = ["HumanEval/0"]    # optional, task-specific (ids, languages, categories)
+    subset = ["HumanEval/0"]    # optional, task-specific (ids, languages, categories); each must select a problem
     max_new_tokens = 384        # optional, overrides the global value for this task
     options = { lenient = true }   # optional, passed to the task's constructor (bfcl: lenient, default false)
 
@@ -469,7 +469,13 @@ class SweepConfig:
             specs = [t for t in specs if t.name in tasks]
         if limit is not None:
             specs = [replace(t, limit=limit if t.limit is None else min(t.limit, limit)) for t in specs]
-        new_seeds = self.seeds if seeds is None else tuple(int(s) for s in seeds)
+        new_seeds = self.seeds
+        if seeds is not None:
+            new_seeds = check_seeds("--seeds", list(seeds))
+            unknown = [s for s in new_seeds if s not in self.seeds]
+            if unknown:
+                raise ValueError(f"--seeds: seed(s) {', '.join(map(str, unknown))} not in the config "
+                                 f"(its seeds: {', '.join(map(str, self.seeds))})")
         settings = self.methods
         if methods:
             labels = {m.label: m for m in self.methods}
@@ -486,6 +492,17 @@ class SweepConfig:
 
 def _replace(cfg: SweepConfig, **changes: object) -> SweepConfig:
     return replace(cfg, **changes)  # type: ignore[arg-type]
+
+
+def check_seeds(name: str, seeds: object) -> tuple[int, ...]:
+    """``seeds`` as a tuple if it is a non-empty list of distinct integers >= 0, else ValueError naming ``name``
+    (the config's ``seeds`` or the CLI's ``--seeds``)."""
+    if not isinstance(seeds, list | tuple):
+        raise ValueError(f"{name} must be a non-empty list of distinct integers >= 0, got {seeds!r}")
+    out = tuple(_int(f"{name}: a seed", s, 0) for s in seeds)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{name} must be a non-empty list of distinct integers >= 0, got {list(out)}")
+    return out
 
 
 def _check_keys(where: str, got: Mapping, allowed: set[str]) -> None:
@@ -509,13 +526,34 @@ def _int(name: str, v: object, minimum: int) -> int:
     return v
 
 
+def _table(name: str, v: object) -> Mapping[str, Any]:
+    """``v`` if it is a TOML table, else ValueError naming ``name``."""
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{name} must be a table ([{name}] with key = value lines), got {v!r}")
+    return v
+
+
+def _tables(name: str, v: object) -> list[Mapping[str, Any]]:
+    """``v`` if it is an array of tables (``[[name]]`` sections), else ValueError naming ``name``."""
+    if not isinstance(v, list) or not all(isinstance(x, Mapping) for x in v):
+        hint = " (write [[" + name + "]], not [" + name + "])" if isinstance(v, Mapping) else ""
+        raise ValueError(f"{name} must be an array of tables, one [[{name}]] section each{hint}, got {v!r}")
+    return v
+
+
+def _number(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    return float(v)
+
+
 def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     """Validate a config mapping (the parsed TOML) into a :class:`SweepConfig` (ValueError on any problem)."""
     _check_keys("the config", data, _TOP_KEYS)
-    models = data.get("models", {})
+    models = _table("models", data.get("models", {}))
     _check_keys("[models]", models, _MODEL_KEYS)
     tasks = []
-    for i, t in enumerate(data.get("tasks", [])):
+    for i, t in enumerate(_tables("tasks", data.get("tasks", []))):
         _check_keys(f"[[tasks]] #{i + 1}", t, _TASK_KEYS)
         if "name" not in t:
             raise ValueError(f"[[tasks]] #{i + 1} has no name")
@@ -524,6 +562,11 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
             limit = _int(f"limit of task {t['name']!r}", limit, 0)
         subset = t.get("subset")
         if subset is not None:
+            items = [subset] if isinstance(subset, str) else subset
+            if not isinstance(items, list) or not all(isinstance(s, str | int) and not isinstance(s, bool)
+                                                      for s in items):
+                raise ValueError(f"subset of task {t['name']!r} must be a problem id or a list of problem ids, "
+                                 f"got {subset!r}")
             subset = (subset,) if isinstance(subset, str) else tuple(str(s) for s in subset)
         mnt = t.get("max_new_tokens")
         if mnt is not None:
@@ -537,14 +580,16 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     if not tasks:
         raise ValueError("the config has no [[tasks]]")
     raw = []
-    for i, m in enumerate(data.get("methods", [])):
+    for i, m in enumerate(_tables("methods", data.get("methods", []))):
         _check_keys(f"[[methods]] #{i + 1}", m, _METHOD_KEYS)
         if "rule" not in m:
             raise ValueError(f"[[methods]] #{i + 1} has no rule")
         raw.append((str(m["rule"]), m.get("params"), m.get("budget")))
     if not raw:
         raise ValueError("the config has no [[methods]]")
-    pair = bool(data.get("pair_baselines", True))
+    pair = data.get("pair_baselines", True)
+    if not isinstance(pair, bool):
+        raise ValueError(f"pair_baselines must be true or false, got {pair!r}")
     draft_truncation = data.get("baseline_draft_truncation", "none")
     if draft_truncation not in ("none", "same"):
         raise ValueError(f"baseline_draft_truncation must be 'none' or 'same', got {draft_truncation!r}")
@@ -554,13 +599,12 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     methods = tuple(expand_methods(raw, pair, draft_truncation))
 
     seeds = data.get("seeds", PAPER_SEEDS)
-    seeds = tuple(_int("seed", s, 0) for s in ([seeds] if isinstance(seeds, int) else seeds))
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {list(seeds)}")
-    temperature = float(data.get("temperature", DEFAULT_TEMPERATURE))
-    sampling = dict(data.get("sampling", {}))
+    seeds = check_seeds("seeds", [seeds] if isinstance(seeds, int) and not isinstance(seeds, bool) else seeds)
+    temperature = _number("temperature", data.get("temperature", DEFAULT_TEMPERATURE))
+    sampling = dict(_table("sampling", data.get("sampling", {})))
+    _check_keys("[sampling]", sampling, {f.name for f in fields(SamplingConfig)})
     if "temperature" in sampling:
-        temperature = float(sampling.pop("temperature"))
+        temperature = _number("temperature of [sampling]", sampling.pop("temperature"))
     drafter = str(models.get("drafter", SweepConfig.drafter))
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")

@@ -94,9 +94,26 @@ def default_engine_factory(cfg: SweepConfig) -> Any:
 
 
 def load_problems(cfg: SweepConfig) -> dict[str, list[Problem]]:
-    """Problems of every task of the config (limit and subset applied)."""
-    return {t.name: get_task(t.name, **cfg.task_options(t.name)).load(
-        limit=t.limit, subset=list(t.subset) if t.subset else None) for t in cfg.tasks}
+    """Problems of every task of the config (limit and subset applied); ValueError naming the ``subset`` entries
+    that select no problem (neither a problem id nor a category / language of one)."""
+    out = {}
+    for t in cfg.tasks:
+        task = get_task(t.name, **cfg.task_options(t.name))
+        if not t.subset:
+            out[t.name] = task.load(limit=t.limit)
+            continue
+        try:
+            problems = task.load(subset=list(t.subset))  # every loader's limit keeps a prefix: applied below
+        except KeyError as exc:
+            raise ValueError(f"subset of task {t.name!r}: unknown entry {exc.args[0]!r}") from None
+        found = {p.id for p in problems} | {str(v) for p in problems for k, v in p.meta.items()
+                                           if k in ("category", "language")}
+        unknown = [s for s in t.subset if s not in found]
+        if unknown:
+            raise ValueError(f"subset of task {t.name!r}: {', '.join(map(repr, unknown))} match(es) no problem "
+                             "id (nor category / language) of the task")
+        out[t.name] = problems if t.limit is None else problems[: max(0, t.limit)]
+    return out
 
 
 def encode_problem(engine: Any, problem: Problem) -> list[int]:

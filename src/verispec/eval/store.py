@@ -83,6 +83,8 @@ def _read_file(path: Path, out: list[dict], seen: set[str]) -> None:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{n}: malformed result line ({exc})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
+            raise ValueError(f"{path}:{n}: malformed result line (not an object with a string \"key\")")
         if rec["key"] in seen:
             continue
         seen.add(rec["key"])
