@@ -273,12 +273,16 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig, dtype: torch.dt
     """
     if torch.isnan(logits).any():
         raise ValueError("NaN in logits: the model produced an invalid distribution")
+    in_range = torch.finfo(logits.dtype).max
     logits = logits.to(dtype)
     if cfg.greedy:
         out = torch.zeros_like(logits)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    # logits / T can overflow only where the logits' own range, divided by T, exceeds ``dtype``'s (model logits in
+    # float32 or bfloat16: T below about 1e-270); only then is the result looked at again (no sync otherwise)
+    may_overflow = in_range / cfg.temperature > torch.finfo(dtype).max
     probs = torch.softmax(logits / cfg.temperature, dim=-1)
-    if bool(torch.isnan(probs).any()):  # T so small that logits / T overflow: the same law, shifted before dividing
+    if may_overflow and bool(torch.isnan(probs).any()):  # it did: the same law, shifted before dividing
         probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / cfg.temperature, dim=-1)
     if cfg.top_k is not None:
         probs = renormalize_on(probs, top_k_mask(probs, cfg.top_k))
