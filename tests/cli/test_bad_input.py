@@ -65,9 +65,25 @@ def test_unknown_sampling_key_is_refused_naming_it_and_the_allowed_ones(tmp_path
     ('temperature = "hot"', "", ["temperature", "number"]),
     ("[sampling]\ntemperature = \"hot\"", "", ["temperature", "number"]),
     ("", "subset = 5", ["subset", "toy"]),
+    ("verifier = 3", "", ["verifier", "string"]),
 ])
 def test_malformed_shapes_are_refused_naming_the_key(tmp_path, top, task, words):
     _refused(_grid(tmp_path, top=top, task=task), *words)
+
+
+@pytest.mark.parametrize("key", ["target", "draft", "drafter", "dtype", "device", "target_backend"])
+def test_a_model_key_that_is_not_a_string_is_refused(tmp_path, key):
+    text = BASE.format(top="", task="").replace('target = "toy"', f'target = "toy"\n{key} = 5'.replace(
+        'target = "toy"\ntarget = 5', 'target = 5'))
+    _refused(_grid(tmp_path, text=text), key, "string")
+
+
+def test_a_task_name_or_rule_that_is_not_a_string_is_refused(tmp_path):
+    _refused(_grid(tmp_path, text=BASE.format(top="", task="").replace('name = "r"', "name = { a = 1 }")),
+             "name", "string")
+    _refused(_grid(tmp_path, text=BASE.format(top="", task="").replace('name = "toy"', "name = 7")), "name", "string")
+    _refused(_grid(tmp_path, text=BASE.format(top="", task="").replace('rule = "spec-cascade"', "rule = [1]")),
+             "rule", "string")
 
 
 def test_models_not_a_table_is_refused(tmp_path):
@@ -126,6 +142,11 @@ def test_subset_beyond_the_limit_is_still_known(tmp_path):
     from verispec.eval.run import load_problems
 
     assert [p.id for p in load_problems(cfg)["toy"]] == ["toy/1"]
+
+
+def test_unknown_mgsm_language_is_refused_naming_it(tmp_path):
+    text = BASE.format(top="", task="").replace('name = "toy"\nlimit = 2', 'name = "mgsm"\nsubset = ["deu", "klingon"]')
+    _refused(_grid(tmp_path, text=text), "klingon", "subset", "mgsm")
 
 
 # 6. --threads

@@ -541,6 +541,13 @@ def _tables(name: str, v: object) -> list[Mapping[str, Any]]:
     return v
 
 
+def _text(name: str, v: object) -> str:
+    """``v`` if it is a string, else ValueError naming ``name`` (a table or number is never turned into text)."""
+    if not isinstance(v, str):
+        raise ValueError(f"{name} must be a string, got {v!r}")
+    return v
+
+
 def _number(name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ValueError(f"{name} must be a number, got {v!r}")
@@ -557,6 +564,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         _check_keys(f"[[tasks]] #{i + 1}", t, _TASK_KEYS)
         if "name" not in t:
             raise ValueError(f"[[tasks]] #{i + 1} has no name")
+        _text(f"name of [[tasks]] #{i + 1}", t["name"])
         limit = t.get("limit")
         if limit is not None:
             limit = _int(f"limit of task {t['name']!r}", limit, 0)
@@ -584,7 +592,7 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         _check_keys(f"[[methods]] #{i + 1}", m, _METHOD_KEYS)
         if "rule" not in m:
             raise ValueError(f"[[methods]] #{i + 1} has no rule")
-        raw.append((str(m["rule"]), m.get("params"), m.get("budget")))
+        raw.append((_text(f"rule of [[methods]] #{i + 1}", m["rule"]), m.get("params"), m.get("budget")))
     if not raw:
         raise ValueError("the config has no [[methods]]")
     pair = data.get("pair_baselines", True)
@@ -605,14 +613,14 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     _check_keys("[sampling]", sampling, {f.name for f in fields(SamplingConfig)})
     if "temperature" in sampling:
         temperature = _number("temperature of [sampling]", sampling.pop("temperature"))
-    drafter = str(models.get("drafter", SweepConfig.drafter))
+    drafter = _text("drafter", models.get("drafter", SweepConfig.drafter))
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-    target_backend = str(models.get("target_backend", SweepConfig.target_backend))
+    target_backend = _text("target_backend", models.get("target_backend", SweepConfig.target_backend))
     if target_backend not in TARGET_BACKENDS:
         raise ValueError(f"target_backend must be one of {', '.join(TARGET_BACKENDS)}, got {target_backend!r}")
     check_pairing(drafter, target_backend)
-    verifier = str(data.get("verifier", DEFAULT_VERIFIER))
+    verifier = _text("verifier", data.get("verifier", DEFAULT_VERIFIER))
     for m in methods:
         try:
             check_verifier(verifier, m.lossless, drafter_spec(drafter).proposes_trees)
@@ -621,12 +629,13 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
     deterministic = data.get("deterministic", SWEEP_DETERMINISTIC)
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be true or false, got {deterministic!r}")
-    dtype = str(models.get("dtype", SweepConfig.dtype))
+    dtype = _text("dtype", models.get("dtype", SweepConfig.dtype))
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {dtype!r}")
     threads = models.get("threads")
+    draft = models.get("draft", SweepConfig.draft)
     cfg = SweepConfig(
-        name=str(data.get("name", "sweep")),
+        name=_text("name", data.get("name", "sweep")),
         tasks=tuple(tasks),
         methods=methods,
         seeds=seeds,
@@ -634,13 +643,13 @@ def parse_config(data: Mapping[str, Any]) -> SweepConfig:
         sampling=tuple(sorted(sampling.items())),
         gamma=_int("gamma", data.get("gamma", SweepConfig.gamma), 0),
         max_new_tokens=_int("max_new_tokens", data.get("max_new_tokens", SweepConfig.max_new_tokens), 1),
-        target=str(models.get("target", SweepConfig.target)),
-        draft=None if models.get("draft", SweepConfig.draft) is None else str(models.get("draft", SweepConfig.draft)),
+        target=_text("target", models.get("target", SweepConfig.target)),
+        draft=None if draft is None else _text("draft", draft),
         drafter=drafter,
         target_backend=target_backend,
         dtype=dtype,
         threads=None if threads is None else _int("threads", threads, 1),
-        device=str(models.get("device", "cpu")),
+        device=_text("device", models.get("device", "cpu")),
         pair_baselines=pair,
         baseline_draft_truncation=draft_truncation,
         coupling=coupling,

@@ -37,6 +37,9 @@ class MGSMTask:
              ) -> list[Problem]:
         """Round-robin over languages (``subset``: language codes, default ``LANGUAGES``)."""
         langs = as_list(subset) or list(LANGUAGES)
+        unknown = [lang for lang in langs if lang not in LANGUAGES]
+        if unknown:  # a KeyError names the entry, as every task's loader does for a subset it cannot select
+            raise KeyError(unknown[0])
         per = [load_language(lang, self.name, lang in DECIMAL_COMMA) for lang in langs]
         mixed = [p for i in range(max(map(len, per), default=0)) for ps in per if i < len(ps)
                  for p in [ps[i]]]
