@@ -223,6 +223,30 @@ def test_reference_url_without_logprobs_names_the_other_mode(server):
         audit(server.url, MODEL, reference_url=proxy.url, n=100, quiet=True, tie_gap=TIE_GAP, **DESIGN)
 
 
+def test_peaked_raw_reference_logprobs_are_read_as_raw(server):
+    """A reference endpoint that reports raw logprobs (as vLLM's default does) of a peaked law: its top 20 sum to 1
+    within 1e-3, so the sum alone would read them as processed, a 20-token law where top_k 3 keeps 3. More reported
+    tokens than top_k mark them raw, and the audit applies temperature and top_k itself."""
+    from verispec.audit.client import EngineClient
+    from verispec.audit.reference import UrlReference
+    from verispec.core.sampling import SamplingConfig
+
+    probs = {"a": 0.9, "b": 0.09, "c": 0.0095} | {f"t{i}": 2e-5 for i in range(17)}
+    assert abs(sum(probs.values()) - 1) < 1e-3
+    top = {k: float(np.log(v)) for k, v in probs.items()}
+
+    def raw(body: dict):
+        return 200, json.dumps({"choices": [{"text": "a", "index": 0, "finish_reason": "length", "logprobs": {
+            "tokens": ["a"], "token_logprobs": [top["a"]], "top_logprobs": [top], "text_offset": [0]}}]}).encode()
+
+    with RewritingProxy(server.url, respond=raw) as proxy:
+        ref = UrlReference(EngineClient(proxy.url, MODEL, role="reference"), "auto")
+        law = ref.dist("the cat", (), SamplingConfig(temperature=1.0, top_k=3))
+    assert ref.logprobs_kind == "raw"
+    kept = probs["a"] + probs["b"] + probs["c"]
+    assert law.keys() == {"a", "b", "c"} and all(abs(law[k] - probs[k] / kept) < 1e-12 for k in law)
+
+
 # -- the CLI: --reference-url, --json, exit status -----------------------------------------------------------------
 
 

@@ -320,7 +320,7 @@ class ModelReference:
 class UrlReference:
     """The law read from an endpoint's top logprobs, one request per prefix (``max_tokens`` 1, ``logprobs`` 20).
     ``logprobs``: "processed", "raw" or "auto" (processed when the reported probabilities of the kept tokens sum
-    to 1 within 1e-3)."""
+    to 1 within 1e-3 and, under top_k, no more than top_k tokens are reported)."""
 
     kind = "url"
     TOP = 20
@@ -361,7 +361,10 @@ class UrlReference:
         finite = {k: v for k, v in top.items() if v > -1000 and math.isfinite(v)}
         total = sum(math.exp(v) for v in finite.values())
         if self.logprobs_kind is None:
-            self.logprobs_kind = "processed" if abs(total - 1.0) < 1e-3 else "raw"
+            # a processed law under top_k keeps at most top_k tokens: more finite entries are raw whatever their sum
+            # (a peaked raw law's top 20 can sum to within 1e-3 of 1)
+            beyond_k = cfg.top_k is not None and len(finite) > cfg.top_k
+            self.logprobs_kind = "processed" if abs(total - 1.0) < 1e-3 and not beyond_k else "raw"
         if self.logprobs_kind == "processed":
             if abs(total - 1.0) > 1e-3:
                 raise AuditInputError(f"the reference's logprobs after {pieces!r} sum to {total:.4f} over its top "
