@@ -40,11 +40,11 @@ import pandas as pd
 
 from verispec.eval.metrics import record_accepted_fraction, record_emitted_accepted
 from verispec.eval.stats import BOOT_SEED, N_BOOT, cluster_weights, format_ci, percentile_interval
-from verispec.eval.store import read_results
+from verispec.eval.store import SCHEMA, read_results
 
-__all__ = ["balanced", "compare_runs", "first_difference", "gap_difference", "load_frame", "matched_pairs",
-           "paired_delta", "per_seed", "per_setting", "problem_numbers", "select_problems", "shared_prefix",
-           "write_report"]
+__all__ = ["balanced", "check_record", "compare_runs", "first_difference", "gap_difference", "load_frame",
+           "matched_pairs", "paired_delta", "per_seed", "per_setting", "problem_numbers", "select_problems",
+           "shared_prefix", "write_report"]
 
 CONTEXT = 80
 #: numbers in the CSVs: 10 significant digits, so that a report regenerates byte for byte on any machine (the
@@ -55,12 +55,64 @@ CSV_FLOAT = "%.10g"
 # ------------------------------------------------------------------------------------------------- frames
 
 
+_STR, _INT, _NUM = (str,), "a non-negative integer", "a finite number"
+#: the fields of a result line the reports read, with what each must hold (a result line's ``grade`` and
+#: ``timings`` are checked inside)
+_FIELDS: dict[str, object] = {
+    "task": _STR, "problem_id": _STR, "method": _STR, "label": _STR, "baseline": _STR, "lossless": (bool,),
+    "seed": _INT, "params": (dict,), "grade": (dict,), "accepted": _INT, "rounds": _INT, "drafted": _INT,
+    "new_tokens": _INT, "timings": (dict,), "finish_reason": (str, type(None)), "text": _STR, "token_ids": (list,),
+}
+
+
+def _bad_value(v: object, want: object) -> str | None:
+    """Why ``v`` is not what ``want`` asks for (None when it is)."""
+    if want == _INT:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    elif want == _NUM:
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    else:
+        assert isinstance(want, tuple)
+        ok = isinstance(v, want)
+        want = " or ".join("null" if t is type(None) else t.__name__ for t in want)
+    return None if ok else f"must be {want}, got {v!r}"[:200]
+
+
+def check_record(rec: dict) -> str | None:
+    """Why a result line cannot go into a report (a field missing or of the wrong type, another schema), or None:
+    a line the reports would misread (a null ``rounds`` summed as nothing, a string ``passed`` read as true) must
+    stop them rather than give a wrong table."""
+    if rec.get("schema", SCHEMA) != SCHEMA:
+        return f"schema {rec['schema']!r}, this verispec reads schema {SCHEMA}"
+    checks = [(name, want, rec) for name, want in _FIELDS.items()]
+    checks += [("grade.passed", (bool,), rec.get("grade")), ("grade.score", _NUM, rec.get("grade")),
+               ("timings.total_s", _NUM, rec.get("timings"))]
+    for name, want, where in checks:
+        field = name.rsplit(".", 1)[-1]
+        if not isinstance(where, dict):
+            continue  # the enclosing object's own check reports it
+        if field not in where:
+            return f"field {name!r} missing"
+        why = _bad_value(where[field], want)
+        if why:
+            return f"field {name!r} {why}"
+    if rec.get("emitted_accepted") is not None:
+        why = _bad_value(rec["emitted_accepted"], _INT)
+        if why:
+            return f"field 'emitted_accepted' {why}"
+    return None
+
+
 def load_frame(run_dir: str | Path) -> pd.DataFrame:
     """One row per result line (first occurrence of each key). ``accepted`` is the EMITTED accepted drafts (what
-    BE counts), ``accepted_all`` every accepted draft as the engine counted it, ``be`` = accepted / rounds."""
+    BE counts), ``accepted_all`` every accepted draft as the engine counted it, ``be`` = accepted / rounds.
+    ValueError naming the line's key for a line the reports cannot read (:func:`check_record`)."""
     recs = read_results(run_dir)
     rows = []
     for r in recs:
+        why = check_record(r)
+        if why:
+            raise ValueError(f"{run_dir}: result line {r['key']!r}: {why}")
         rows.append({
             "key": r["key"], "task": r["task"], "problem_id": r["problem_id"], "method": r["method"],
             "label": r["label"], "baseline": r["baseline"], "lossless": bool(r["lossless"]), "seed": r["seed"],

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ERRORS", "RESULTS", "SCHEMA", "SHARD_RESULTS", "append_line", "locked", "log_failure", "now",
-           "parse_shard", "read_results", "repair_tail", "results_files", "shard_results_name", "write_atomic"]
+           "parse_shard", "read_lines", "read_results", "repair_tail", "results_files", "shard_results_name",
+           "write_atomic"]
 
 RESULTS = "results.jsonl"
 SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
@@ -73,18 +74,28 @@ def shard_results_name(shard: tuple[int, int] | None) -> str:
     return RESULTS if shard is None else SHARD_RESULTS.format(i=shard[0], n=shard[1])
 
 
-def _read_file(path: Path, out: list[dict], seen: set[str]) -> None:
+def read_lines(path: Path) -> tuple[list[dict], bytes]:
+    """Every complete result line of one file, in file order (duplicates kept), and the partial last line that a
+    kill mid-write left (``b""`` when the file ends with a newline); ValueError naming the file and line for a
+    malformed complete line."""
     lines = path.read_bytes().split(b"\n")
     complete = lines[:-1]  # the last element is b"" when the file ends with a newline, else a partial line
+    out = []
     for n, line in enumerate(complete, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}:{n}: malformed result line ({exc})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
             raise ValueError(f"{path}:{n}: malformed result line (not an object with a string \"key\")")
+        out.append(rec)
+    return out, lines[-1]
+
+
+def _read_file(path: Path, out: list[dict], seen: set[str]) -> None:
+    for rec in read_lines(path)[0]:
         if rec["key"] in seen:
             continue
         seen.add(rec["key"])

@@ -14,7 +14,8 @@ claim (:mod:`verispec.studies.verdict`). :func:`compute` turns each into one obj
 - ``ci_adjusted``: the same resamples' Bonferroni interval over the comparison's family, at level
   1 - 0.05 / family_size. A family is every comparison of one claim on one task, one metric and one problem set
   (all problems, or a held-out subset, a replication of its own) whose kind is not "not testable here" and whose
-  units are complete; ``family_size`` counts them.
+  units are complete; ``family_size`` counts them. A comparison on a single problem has no interval (every
+  resample is that problem: `bench compare` prints none either), is in no family and is "not testable here".
 - ``verdict``: :func:`verispec.studies.verdict.verdict` on ``estimate`` and ``ci_adjusted`` (rounded to 6
   decimals, as stored), the paper's value, the kind and the margin.
 
@@ -341,24 +342,24 @@ def _stat(sums: dict[str, np.ndarray], w: np.ndarray, metric: str) -> np.ndarray
         return 100.0 * (s["passed_a"] - s["passed_b"]) / s["one"]
 
 
-def _pair(c: Comparison, frames: _Frames) -> tuple[np.ndarray | None, int]:
-    """metric(a) - metric(b) ([1 + n_boot]; None while a unit is missing) and the pairs."""
+def _pair(c: Comparison, frames: _Frames) -> tuple[np.ndarray | None, int, int]:
+    """metric(a) - metric(b) ([1 + n_boot]; None while a unit is missing), the pairs and the problems."""
     sa = frames.scope(c.run, c.task, c.problems)
     sb = frames.scope(c.run_b, c.task, c.problems) if c.run_b else sa
     design = sa.design & sb.design
     if not (sa.covers(c.a, design) and sb.covers(c.b, design)):
-        return None, 0
+        return None, 0, 0
     sums, n, order = _pair_sums(sa.rows[c.a], sb.rows[c.b])
-    return _stat(sums, frames.weights(len(order)), c.metric), n
+    return _stat(sums, frames.weights(len(order)), c.metric), n, len(order)
 
 
-def _gap(c: Comparison, frames: _Frames) -> tuple[np.ndarray | None, int]:
+def _gap(c: Comparison, frames: _Frames) -> tuple[np.ndarray | None, int, int]:
     """(lossy - base in run) - (lossy - base in run_b) on the keys both runs hold, one draw of problems for both."""
     lossy, base = c.a.split(" - ")
     sa, sb = frames.scope(c.run, c.task, c.problems), frames.scope(c.run_b, c.task, c.problems)
     design = sa.design & sb.design
     if not all(s.covers(lab, design) for s in (sa, sb) for lab in (lossy, base)):
-        return None, 0
+        return None, 0, 0
 
     def rows(scope: _Scope, label: str) -> pd.DataFrame:
         r = scope.rows[label]
@@ -369,26 +370,27 @@ def _gap(c: Comparison, frames: _Frames) -> tuple[np.ndarray | None, int]:
     pos = {k: i for i, k in enumerate(cb)}  # run B's sums in run A's cluster order
     mb = {k: v[[pos[x] for x in ca]] for k, v in mb.items()}
     w = frames.weights(len(ca))
-    return _stat(ma, w, c.metric) - _stat(mb, w, c.metric), n
+    return _stat(ma, w, c.metric) - _stat(mb, w, c.metric), n, len(ca)
 
 
-def _frontier(c: Comparison, frames: _Frames, cache: dict) -> tuple[np.ndarray | None, int, list[str]]:
-    """acc(budget) - the fixed frontier at its BE ([1 + n_boot]; None while units are missing), the pairs, and the
-    fixed labels the frontier is built from (lossless and every complete setting matching ``fixed_pattern``)."""
+def _frontier(c: Comparison, frames: _Frames, cache: dict) -> tuple[np.ndarray | None, int, int, list[str]]:
+    """acc(budget) - the fixed frontier at its BE ([1 + n_boot]; None while units are missing), the pairs, the
+    problems, and the fixed labels the frontier is built from (lossless and every complete setting matching
+    ``fixed_pattern``)."""
     sa, sb = frames.scope(c.run, c.task, c.problems), frames.scope(c.run_b, c.task, c.problems)
     design = sa.design & sb.design
     budgets = [lab for lab in sa.rows if sa.covers(lab, design)]
     fixed = sorted((lab for lab in sb.rows if (lab == LOSSLESS or re.fullmatch(c.fixed_pattern, lab))
                     and sb.covers(lab, design)), key=lambda lab: (lab != LOSSLESS, lab))  # lossless first
     if not (c.a in budgets and LOSSLESS in fixed and len(fixed) >= 2):
-        return None, 0, fixed
+        return None, 0, 0, fixed
     key = (c.run, c.run_b, c.task, c.problems)
     if key not in cache:
         df = pd.concat([sa.df[sa.df["label"].isin(budgets)], sb.df[sb.df["label"].isin(fixed)]], ignore_index=True)
         cache[key] = frontier_resamples(df, budgets, fixed, LOSSLESS, frames.n_boot, frames.seed)
     labels, be, acc, mats = cache[key]
     d = matched_difference(be, acc, [labels.index(lab) for lab in fixed], labels.index(c.a), c.construction)
-    return d, int(mats["one"][:, labels.index(c.a)].sum()), fixed
+    return d, int(mats["one"][:, labels.index(c.a)].sum()), mats["one"].shape[0], fixed
 
 
 def _fixed_name(construction: str, fixed: Sequence[str]) -> str:
@@ -414,28 +416,30 @@ def compute(results_dir: str | Path, spec: Iterable[Comparison] = SPEC, n_boot: 
     for c in spec:
         b = c.b
         if c.construction == "pair":
-            boot, n = _pair(c, frames)
+            boot, n, problems = _pair(c, frames)
         elif c.construction == "gap":
-            boot, n = _gap(c, frames)
+            boot, n, problems = _gap(c, frames)
         else:
-            boot, n, fixed = _frontier(c, frames, cache)
+            boot, n, problems, fixed = _frontier(c, frames, cache)
             b = _fixed_name(c.construction, fixed)
         if boot is not None and not math.isfinite(boot[0]):
             boot = None  # a budget outside the fixed settings' BE range: no matched value
         if boot is None:
             n = 0
-        staged.append((c, b, boot, n))
+        # one problem resampled is always the same problem: no interval (as `bench compare`), so no verdict
+        staged.append((c, b, boot, n, boot is not None and problems >= 2))
     # families: per (claim, task, metric, subset), the comparisons that decide something
     family: dict[tuple, int] = {}
-    for c, _, boot, _ in staged:
-        if boot is not None and c.kind != NOT_TESTABLE:
+    for c, _, _, _, has_ci in staged:
+        if has_ci and c.kind != NOT_TESTABLE:
             family[_family_key(c)] = family.get(_family_key(c), 0) + 1
     out = []
-    for c, b, boot, n in staged:
-        size = family.get(_family_key(c)) if boot is not None and c.kind != NOT_TESTABLE else None
+    for c, b, boot, n, has_ci in staged:
+        size = family.get(_family_key(c)) if has_ci and c.kind != NOT_TESTABLE else None
         est = ci = ci_adj = None
         if boot is not None:
             est = _round(boot[0])
+        if has_ci and boot is not None:
             ci = [_round(x) for x in percentile_interval(boot[1:], LEVEL, finite_only=True)]
             if size:
                 ci_adj = [_round(x) for x in percentile_interval(boot[1:], 1 - (1 - LEVEL) / size, finite_only=True)]
