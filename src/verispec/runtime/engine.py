@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -101,7 +102,13 @@ class Engine:
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Token ids of a prompt (ids pass through); ``chat`` applies the tokenizer's chat template."""
         if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
+            try:  # int() would truncate 1.5 to token 1: a prompt of non-integers is refused, not rounded
+                items = list(prompt)
+                if any(isinstance(t, bool) for t in items):
+                    raise TypeError
+                return [operator.index(t) for t in items]
+            except TypeError:
+                raise ValueError("prompt must be text or a list of integer token ids") from None
         if self.tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer")
         if chat:
@@ -117,6 +124,9 @@ class Engine:
         """Validate a request without allocating anything: (rule, sampling config, prompt ids); raises
         ValueError naming the problem. A scheduler calls this at submission and :meth:`start` at admission."""
         cfg = req.sampling or SamplingConfig()
+        if not isinstance(cfg, SamplingConfig):
+            raise ValueError(f"sampling must be a SamplingConfig (e.g. SamplingConfig.of({{...}})), got "
+                             f"{type(cfg).__name__}")
         rule = get(req.rule) if isinstance(req.rule, str) else req.rule
         if not isinstance(rule, Rule):
             raise ValueError(f"rule must be a rule name or a Rule, got {type(rule).__name__}")
@@ -252,7 +262,7 @@ class Engine:
                     for j, tok in enumerate(t):
                         alts = []
                         if top:
-                            vals, idx = logp[j].topk(top)
+                            vals, idx = logp[j].topk(min(top, logp.shape[-1]))  # a vocabulary below ``top``
                             alts = [(int(a), float(v)) for v, a in zip(vals, idx, strict=True)]
                         out[i].append(TokenLogprob(tok, float(logp[j, tok]), alts))
         finally:
@@ -548,6 +558,8 @@ class Engine:
             sched.run()
             if handle.row is not None and handle.row.failure is not None:
                 raise handle.row.failure  # one prompt: what failed its row is raised, as bad input is
+            if handle.failure is not None:
+                raise handle.failure  # ... and what failed it before its row ran (its start)
             return handle.result  # type: ignore[return-value]
         sched = Scheduler(self, max_batch=batch_size or max(min(n, self.max_rows or n), 1))
         handles = []

@@ -53,6 +53,8 @@ class Handle:
     tokens: list[int] = field(default_factory=list)
     result: GenerationResult | None = None
     error: str | None = None
+    #: the exception behind ``error`` (what a one-prompt ``generate`` raises)
+    failure: Exception | None = field(default=None, repr=False)
     cancelled: bool = False
     row: Row | None = None
     done_event: threading.Event = field(default_factory=threading.Event)
@@ -110,7 +112,7 @@ class Scheduler:
     def _fail(h: Handle, exc: Exception) -> None:
         """Fail one request with ``exc`` (its start, its round, or releasing or reporting its row): finish_reason
         "error" with the message, and the tokens it committed before."""
-        h.error = f"{type(exc).__name__}: {exc}"
+        h.error, h.failure = f"{type(exc).__name__}: {exc}", exc
         row = h.row
         h.result = GenerationResult("", list(h.tokens), "error", row.metrics if row is not None else Metrics(),
                                     row.prompt_ids if row is not None else [], h.error)
@@ -138,9 +140,15 @@ class Scheduler:
         """Run the ``on_done`` callbacks of the handles retired so far (outside the lock: they may submit)."""
         with self._lock:
             finished, self._finished = self._finished, []
-        for h in finished:
+        first: Exception | None = None
+        for h in finished:  # every handle's callback runs even if another's raises; the first error is raised after
             if h.on_done is not None:
-                h.on_done(h)
+                try:
+                    h.on_done(h)
+                except Exception as exc:
+                    first = first or exc
+        if first is not None:
+            raise first
 
     def admit(self) -> list[Handle]:
         """Retire the cancelled requests and give waiting ones rows up to ``max_batch``; returns the batch the next
@@ -186,8 +194,15 @@ class Scheduler:
         for h, toks in zip(batch, new, strict=True):
             h.tokens.extend(toks)
             events.append((h, toks))
+        # a callback that raises must not cost the other handles their tokens nor leave finished rows running:
+        # every callback runs and every finished row retires first, then the first error is raised
+        first: Exception | None = None
+        for h, toks in events:
             if h.on_tokens is not None and toks:
-                h.on_tokens(h, toks)
+                try:
+                    h.on_tokens(h, toks)
+                except Exception as exc:
+                    first = first or exc
         with self._lock:
             for h in batch:
                 if h.row.done:  # type: ignore[union-attr]
@@ -195,7 +210,12 @@ class Scheduler:
                         self._fail(h, h.row.failure)  # type: ignore[union-attr]
                     self.running.remove(h)
                     self._retire(h)
-        self._notify()
+        try:
+            self._notify()
+        except Exception as exc:
+            first = first or exc
+        if first is not None:
+            raise first
         return events
 
     def run(self) -> None:
