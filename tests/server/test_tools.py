@@ -81,6 +81,32 @@ def tokenizer():
 
 
 @pytest.mark.real
+def test_forced_call_arguments_are_always_an_object(tokenizer):
+    """``parameters`` with properties but no ``type``: the forced-call grammar refuses non-object arguments (it
+    admitted ``"arguments": 5``, which split_tool_calls does not read as a call) and still takes an object;
+    ``parameters`` of another type are refused, naming the field."""
+    from verispec.runtime.grammar import GrammarCompiler
+
+    eos = 151645
+    compiler = GrammarCompiler(tokenizer, 151936, [eos])
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {"type": "string"}}}}}]
+    fmt = parse_tool_calling(tools, "required").response_format(compiler.literal)
+
+    def accepted(arguments: str) -> bool:
+        text = f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>'
+        ids = tokenizer.encode(text, add_special_tokens=False) + [eos]
+        return compiler.constraint(fmt).valid_prefix(ids) == len(ids)
+
+    assert not accepted("5") and not accepted('"a"')
+    assert accepted('{"a": "x"}')
+    assert split_tool_calls('<tool_call>{"name": "f", "arguments": {"a": "x"}}</tool_call>', ("f",))[1]
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]
+    with pytest.raises(ToolError) as err:
+        parse_tool_calling(bad, "required")
+    assert err.value.param == "tools[0].function.parameters"
+
+
+@pytest.mark.real
 def test_forced_call_grammar_admits_exactly_valid_calls(tokenizer):
     """The forced-call grammar on the real tokenizer: a valid call of the named function then the end token is
     accepted to the end; a wrong function name, a missing required argument or a value outside its enum is cut

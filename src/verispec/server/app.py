@@ -49,7 +49,6 @@ from verispec.server.protocol import (
     prompt_builder,
 )
 from verispec.server.responses import LogprobFormatter, Reply, detail_entries, sse, verispec_block
-from verispec.server.tools import split_tool_calls
 from verispec.server.worker import Job, Worker
 
 __all__ = ["Generation", "ServerState", "create_app"]
@@ -454,7 +453,7 @@ def create_app(
             result: GenerationResult = handle.result  # type: ignore[assignment]
             results.append(result)
             if settings.tools is not None:
-                content, calls = split_tool_calls(result.text, settings.tools.names)
+                content, calls = settings.tools.split(result.text)
                 bodies.append(reply.choice(index, content, _finish(result, calls), event[3], calls, event[4]))
             else:
                 bodies.append(reply.choice(index, gen.echo_text + result.text, result.finish_reason, event[3],
@@ -508,13 +507,16 @@ def create_app(
                     yield sse(last)
                 finish = handle.result.finish_reason
                 if settings.tools is not None:  # the whole answer: its text, then its calls
-                    content, calls = split_tool_calls(handle.result.text, settings.tools.names)
+                    content, calls = settings.tools.split(handle.result.text)
                     entries = held.pop(index, []) + ((logprobs or {}).get("content") or [])
-                    if content:
-                        yield sse(reply.chunk(text=content, logprobs={"content": entries} if entries else None,
-                                              index=index, token_details=held_details.pop(index, None)))
+                    lps = {"content": entries} if entries else None
+                    details = held_details.pop(index, None)
+                    # the logprobs and details ride on the first chunk of the answer: the calls' when it has no text
+                    if content or (not calls and (lps or details)):
+                        yield sse(reply.chunk(text=content or "", logprobs=lps, index=index, token_details=details))
+                        lps = details = None
                     if calls:
-                        yield sse(reply.chunk(tool_calls=calls, index=index))
+                        yield sse(reply.chunk(tool_calls=calls, logprobs=lps, index=index, token_details=details))
                     finish = _finish(handle.result, calls)
                 last = reply.chunk(finish_reason=finish, index=index)
             done = [r for r in results if r is not None]

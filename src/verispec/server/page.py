@@ -20,7 +20,7 @@ from typing import Any
 from verispec.core.rules import describe
 from verispec.defaults import VERIFIERS
 
-__all__ = ["FORM_EXCLUDED", "PAGE_MAX_TOKENS", "STATIC_FILES", "form_spec", "page_html", "static_file"]
+__all__ = ["FORM_EXCLUDED", "PAGE_MAX_TOKENS", "PAGE_UNSET", "STATIC_FILES", "form_spec", "page_html", "static_file"]
 
 #: the files under ``static/`` the server serves, with their media types
 STATIC_FILES = {"page.js": "text/javascript; charset=utf-8", "page.css": "text/css; charset=utf-8"}
@@ -29,10 +29,14 @@ STATIC_FILES = {"page.js": "text/javascript; charset=utf-8", "page.css": "text/c
 #: fields that take objects or shape the response rather than the sampling
 FORM_EXCLUDED = frozenset({
     "model", "messages", "prompt", "stream", "stream_options", "verification", "speculative", "n", "logprobs",
-    "top_logprobs", "max_completion_tokens", "echo", "tools", "tool_choice", "response_format", "logit_bias",
+    "top_logprobs", "max_completion_tokens", "echo", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "logit_bias",
 })
 #: the page's initial max_tokens (a demo answers in seconds); the field itself comes from the schema
 PAGE_MAX_TOKENS = 96
+#: sampling fields the page leaves empty whatever their schema default: the server's own default differs (``seed``:
+#: a fresh one per request, where the schema's 0 is the command line's), and a filled field would send it every time
+PAGE_UNSET = frozenset({"seed"})
 #: the page's initial prompt
 PAGE_PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -144,7 +148,7 @@ def _sampling_inputs(spec: dict[str, Any]) -> str:
     out = []
     for f in spec["sampling"]:
         name, fid = f["name"], f"f-{f['name']}"
-        value = PAGE_MAX_TOKENS if name == "max_tokens" else f["default"]
+        value = PAGE_MAX_TOKENS if name == "max_tokens" else None if name in PAGE_UNSET else f["default"]
         value = "" if value is None else value
         hint = f["range"] or ("string or list" if f["list"] else f["type"])
         if f["type"] == "boolean":

@@ -8,8 +8,9 @@ server's own fields: ``model``, ``max_tokens`` (chat also ``max_completion_token
 random seed per request), ``logprobs`` (chat: ``true`` with ``top_logprobs`` in [0, 20]; completions: the number
 of alternatives, 0-20), completions ``echo`` (with ``logprobs``: the prompt's tokens scored too), ``n`` (1-16
 choices: rows of the batch, choice i sampled with seed + i, modulo 2^63), ``stream``,
-``stream_options.include_usage``. Chat: ``tools`` and ``tool_choice`` (function tools through the model's chat
-template, forced calls constrained to their schemas; :mod:`verispec.server.tools`) and the ``tool`` / assistant
+``stream_options.include_usage``. Chat: ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (function tools
+through the model's chat template, forced calls constrained to their schemas, one call at most with
+``parallel_tool_calls: false``; :mod:`verispec.server.tools`) and the ``tool`` / assistant
 ``tool_calls`` messages of a tool conversation.
 ``user``, ``metadata``, ``store`` and other fields without effect on the output are accepted and ignored. Fields
 that would change what is generated or returned (``best_of`` > 1, chat ``echo``, legacy ``functions``, ...) are
@@ -167,6 +168,8 @@ class ChatCompletionRequest(_Common):
     #: function tools (:mod:`verispec.server.tools`), checked there so that errors name the field
     tools: list[Any] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
+    #: false: at most one tool call per answer
+    parallel_tool_calls: StrictBool | None = None
 
 
 def _param(loc: tuple) -> str:
@@ -191,6 +194,8 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     for name in IGNORED:
+        if name == "parallel_tool_calls" and model is ChatCompletionRequest:
+            continue  # chat reads it: false allows one call
         data.pop(name, None)
     for name, ok in UNSUPPORTED.items():
         if name == "echo" and model is CompletionRequest:
@@ -327,7 +332,7 @@ class Settings:
         tools = None
         if isinstance(req, ChatCompletionRequest):
             try:
-                tools = parse_tool_calling(req.tools, req.tool_choice)
+                tools = parse_tool_calling(req.tools, req.tool_choice, req.parallel_tool_calls)
             except ToolError as exc:
                 raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
             if tools is not None and tools.forced and values["response_format"] is not None:

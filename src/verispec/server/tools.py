@@ -5,7 +5,8 @@ them in the system prompt and asks for ``<tool_call>{"name": ..., "arguments": {
 model writes is read back into OpenAI ``tool_calls``:
 
 - ``tool_choice: "auto"`` (the default with tools): the model decides; every well-formed ``<tool_call>`` block
-  naming a given function becomes a call, the rest of the text stays the message's content;
+  naming a given function becomes a call (the first one only with ``parallel_tool_calls: false``), the rest of the
+  text stays the message's content;
 - ``"required"`` or ``{"type": "function", "function": {"name": ...}}``: the answer is constrained to exactly one
   call, ``<tool_call>`` + JSON whose ``name`` is a given function (that one) and whose ``arguments`` follow its
   ``parameters`` schema + ``</tool_call>``, through the same grammar constraint as ``response_format`` (applied to
@@ -47,6 +48,8 @@ class ToolCalling:
 
     tools: tuple[dict[str, Any], ...]
     choice: str
+    #: ``parallel_tool_calls``: False reads at most one call from an answer
+    parallel: bool = True
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -56,6 +59,10 @@ class ToolCalling:
     def forced(self) -> bool:
         """The answer must be a call (``required`` or a named function)."""
         return self.choice != "auto"
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """:func:`split_tool_calls` of an answer under these tools (one call at most unless ``parallel``)."""
+        return split_tool_calls(text, self.names, None if self.parallel else 1)
 
     def response_format(self, literal: Callable[[str], str] = json.dumps) -> dict[str, Any] | None:
         """The grammar of a forced call (None for ``auto``): ``<tool_call>\n{"name": N, "arguments": A}\n
@@ -69,8 +76,7 @@ class ToolCalling:
             return None
         names = self.names if self.choice == "required" else (self.choice,)
         by_name = {t["function"]["name"]: t["function"] for t in self.tools}
-        options = [{"type": "object", "properties": {"name": {"const": n},
-                                                     "arguments": by_name[n].get("parameters") or {"type": "object"}},
+        options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": _arguments(by_name[n])},
                     "required": ["name", "arguments"], "additionalProperties": False} for n in names]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
         start, end = f'{literal(OPEN)} "\\n"', f'"\\n" {literal(CLOSE)}'
@@ -78,9 +84,16 @@ class ToolCalling:
         return {"type": "grammar", "grammar": lark}
 
 
-def parse_tool_calling(tools: Any, tool_choice: Any) -> ToolCalling | None:
+def _arguments(fn: dict[str, Any]) -> dict[str, Any]:
+    """The schema a forced call's ``arguments`` follow: the function's ``parameters``, always an object (a schema
+    without a ``type``, e.g. only ``properties``, admits any JSON value, which :func:`split_tool_calls` would not
+    read as a call)."""
+    return {**(fn.get("parameters") or {}), "type": "object"}
+
+
+def parse_tool_calling(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None = None) -> ToolCalling | None:
     """The request's ``tools`` and ``tool_choice`` checked (:class:`ToolError` naming the field), or None when no
-    tool may be called (no tools, or ``tool_choice: "none"``)."""
+    tool may be called (no tools, or ``tool_choice: "none"``); ``parallel_tool_calls: false`` allows one call."""
     if tools is None or tools == []:
         if tool_choice not in (None, "none", "auto"):
             raise ToolError("tool_choice needs tools", "tool_choice")
@@ -100,8 +113,9 @@ def parse_tool_calling(tools: Any, tool_choice: Any) -> ToolCalling | None:
             raise ToolError(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}",
                             f"{where}.function.name")
         params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise ToolError(f"{where}.function.parameters must be a JSON Schema object",
+        if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
+            # a call's arguments are a JSON object: a schema of another type could only be forced into text
+            raise ToolError(f'{where}.function.parameters must be a JSON Schema object of type "object"',
                             f"{where}.function.parameters")
         if "description" in fn and not isinstance(fn["description"], str):
             raise ToolError(f"{where}.function.description must be a string", f"{where}.function.description")
@@ -124,7 +138,7 @@ def parse_tool_calling(tools: Any, tool_choice: Any) -> ToolCalling | None:
     else:
         raise ToolError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
                         '{"name": ...}}', "tool_choice")
-    return ToolCalling(tuple(checked), choice)
+    return ToolCalling(tuple(checked), choice, parallel_tool_calls is not False)
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -160,14 +174,18 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def split_tool_calls(text: str, names: tuple[str, ...]) -> tuple[str | None, list[dict[str, Any]]]:
+def split_tool_calls(text: str, names: tuple[str, ...], limit: int | None = None
+                     ) -> tuple[str | None, list[dict[str, Any]]]:
     """``(content, tool_calls)`` of a generated answer: each ``<tool_call>`` block holding a JSON object with a
-    known ``name`` and object ``arguments`` becomes an OpenAI tool call (arguments as JSON text, a fresh id); those
-    blocks leave the content, whatever else stays (None when nothing does)."""
+    known ``name`` and object ``arguments`` becomes an OpenAI tool call (arguments as JSON text, a fresh id), the
+    first ``limit`` of them when given; those blocks leave the content, whatever else stays (None when nothing
+    does)."""
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0
     for block in _BLOCK.finditer(text):
+        if limit is not None and len(calls) >= limit:
+            break
         try:
             obj = json.loads(block.group(1))
         except json.JSONDecodeError:

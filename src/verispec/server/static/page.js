@@ -282,7 +282,7 @@ function showError(message) {
 async function generate(event) {
   event.preventDefault();
   if (controller) controller.abort();
-  controller = new AbortController();
+  const ctl = (controller = new AbortController());
   $("#error").hidden = true;
   $("#detail").hidden = true;
   const runsBox = $("#runs");
@@ -311,11 +311,12 @@ async function generate(event) {
   try {
     await Promise.all(sides.map((side, i) => {
       const { url, body } = requestBody(side, seed);
-      return stream(url, body, runs[i], controller.signal);
+      return stream(url, body, runs[i], ctl.signal);
     }));
     if (compare) runsBox.append(aligned(runs));
     document.body.dataset.state = "done";
   } catch (err) {
+    ctl.abort(); // one side failed: end the other's request too, which would stream on unseen with Stop disabled
     if (runs.every((r) => r.tokens.length === 0)) runsBox.replaceChildren(); // nothing ran: only the error
     if (err.name !== "AbortError") showError(err.message);
     document.body.dataset.state = "error";
