@@ -270,6 +270,13 @@ def test_ray_options_validation():
                 {"address": "head"}):
         with pytest.raises(ValueError):
             RayOptions(**bad)
+    # counts are whole numbers (a pool of 2.5 workers failed only once Ray was up), amounts finite numbers
+    RayOptions(workers=2, cpus_per_worker=1, gpus_per_worker=0, max_retries=0)
+    for bad, name in (({"workers": 2.5}, "workers"), ({"workers": True}, "workers"),
+                      ({"max_retries": 0.5}, "retries"), ({"max_retries": None}, "retries"),
+                      ({"cpus_per_worker": "1"}, "CPUs"), ({"gpus_per_worker": float("inf")}, "GPUs")):
+        with pytest.raises(ValueError, match=name):
+            RayOptions(**bad)
 
 
 def test_local_runs_never_import_ray(tmp_path):

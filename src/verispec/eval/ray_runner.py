@@ -96,14 +96,23 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         parse_ray_address(self.address)
-        if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
-            raise ValueError(f"Ray workers must be >= 1, got {self.workers!r}")
-        if not self.cpus_per_worker > 0 or not math.isfinite(self.cpus_per_worker):
+        # counts are whole numbers (a pool of 2.5 actors would fail only once Ray is up); bool is not a count
+        if self.workers is not None and (not _is_int(self.workers) or self.workers < 1):
+            raise ValueError(f"Ray workers must be an integer >= 1, got {self.workers!r}")
+        if not _is_number(self.cpus_per_worker) or not self.cpus_per_worker > 0:
             raise ValueError(f"CPUs per Ray worker must be > 0, got {self.cpus_per_worker!r}")
-        if not self.gpus_per_worker >= 0 or not math.isfinite(self.gpus_per_worker):
+        if not _is_number(self.gpus_per_worker) or not self.gpus_per_worker >= 0:
             raise ValueError(f"GPUs per Ray worker must be >= 0, got {self.gpus_per_worker!r}")
-        if self.max_retries < 0:
-            raise ValueError(f"max retries must be >= 0, got {self.max_retries!r}")
+        if not _is_int(self.max_retries) or self.max_retries < 0:
+            raise ValueError(f"max retries must be an integer >= 0, got {self.max_retries!r}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
