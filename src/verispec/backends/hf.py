@@ -167,6 +167,13 @@ class HFBackend:
                 layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
         self._len = n
 
+    def _undo(self, n: int) -> None:
+        """After a failed forward, which may have appended KV to some layers: back to the ``n`` slots before it."""
+        if n == 0:  # no row holds a slot: drop the cache (a layerless one made for the forward included)
+            self.cache, self._len = None, 0
+        else:
+            self._crop(n)
+
     def _maybe_compact(self, extra: int) -> None:
         if self.cache is None:
             return
@@ -201,14 +208,14 @@ class HFBackend:
             for i, par in enumerate(req.parents):
                 if not -1 <= par < n_old + i:
                     raise ValueError(f"node {n_old + i} has parent {par}: not -1 or an earlier node")
+            self._check_vocab(req.tokens)
             feed: list[int] = []
         else:
             for i, par in enumerate(req.parents):
                 if not -1 <= par < i:
                     raise ValueError(f"node {i} has parent {par}: not -1 or an earlier node")
-            vocab = self.vocab_size
-            if any(not 0 <= t < vocab for t in list(req.ids[-1:]) + list(req.tokens)):
-                raise ValueError(f"token id out of the vocabulary [0, {vocab})")
+            # every token the forward will embed (the cached prefix was checked when it was fed), before any change
+            self._check_vocab(list(req.ids[common_prefix_len(r.tokens, req.ids[:-1]) :]) + list(req.tokens))
             feed = r.sync(req.ids)
         new_depths = tree_depths(r.p_parents + list(req.parents))[len(r.p_parents) :]
         linear = len(r.tokens) + len(feed)
@@ -218,6 +225,12 @@ class HFBackend:
                 f"sequence of {linear + deepest} tokens exceeds the model's context of {self.max_context}"
             )
         return {"feed": feed, "depths": new_depths}
+
+    def _check_vocab(self, tokens: Sequence[int]) -> None:
+        vocab = self.vocab_size
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} out of the vocabulary [0, {vocab})")
 
     def _prefill(self, rid: int, plan: dict) -> None:
         """Prefill a fresh row's history (all but its last token) in its own batch-1 forward."""
@@ -271,7 +284,11 @@ class HFBackend:
         feed, tokens = plan["feed"], list(req.tokens)
         ids = torch.tensor([feed + tokens], dtype=torch.long, device=self.device)
         keep = len(tokens) + 1
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        try:
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        except BaseException:
+            self._undo(n)
+            raise
         self.cache = out.past_key_values
         self._record(r, feed, tokens, list(req.parents), n)
         self._len = n + ids.shape[1]
@@ -317,17 +334,22 @@ class HFBackend:
                 pos[b, nf : nf + nn] = torch.tensor(plan["depths"], dtype=torch.long) + (linear - 1)
             first = nf - 1 if nf else nf
             picks.append((b, first, nf + nn - first))
-            self._record(r, feed, tokens, list(req.parents), length)
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        out = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=mask[:, None].to(self.device),
-            position_ids=pos.to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=w,
-        )
+        try:
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask[:, None].to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=w,
+            )
+        except BaseException:
+            self._undo(length)  # the rows' slot lists are recorded only after a forward that succeeded
+            raise
+        for req in requests:
+            self._record(self._rows[req.row], by_row[req.row][1]["feed"], list(req.tokens), list(req.parents), length)
         self.cache = out.past_key_values
         self._len = length + w
         logits = out.logits

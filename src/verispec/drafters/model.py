@@ -65,6 +65,13 @@ class ModelDrafter(BaseDrafter):
             out = max(out, len(r.ids) - (common_prefix_len(cached, r.ids) if cached else 0))
         return out
 
+    def within_context(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[int]:
+        """``lengths`` capped by the draft model's own context, which may be shorter than the target's: drafting
+        gamma tokens after ``ids`` feeds it ``len(ids) + gamma - 1`` tokens (the last draft is never fed). A row with
+        no room drafts nothing, which leaves the target's output law unchanged."""
+        limit = int(self.backend.max_context)
+        return [max(min(g, limit - len(r.ids) + 1), 0) for r, g in zip(requests, lengths, strict=True)]
+
     def _gate(self, dist: torch.Tensor | None, left: int) -> bool:
         """Whether the confidence gate stops a row here (``left`` positions it would still have drafted)."""
         if not self.p_min or dist is None or float(dist.max()) >= self.p_min:
@@ -75,6 +82,7 @@ class ModelDrafter(BaseDrafter):
     def draft(self, requests: Sequence[DraftRequest], lengths: Sequence[int]) -> list[Proposal]:
         start = time.perf_counter()
         calls0 = self.backend.forward_calls
+        lengths = self.within_context(requests, lengths)
         n = len(requests)
         tokens: list[list[int]] = [[] for _ in range(n)]
         qs: list[list[torch.Tensor]] = [[] for _ in range(n)]

@@ -237,6 +237,7 @@ class TreeDrafter(ModelDrafter):
         start, calls0 = time.perf_counter(), self.backend.forward_calls
         widths = self._round_width
         self._round_width = {}
+        lengths = self.within_context(requests, lengths)  # a tree of depth d feeds the draft as a chain of d does
         trees = [_Tree(req, d, widths.get(req.key, self.top_k)) for req, d in zip(requests, lengths, strict=True)]
         roots = [t for t in trees if t.depth > 0]
         if roots:
