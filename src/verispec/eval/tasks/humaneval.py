@@ -144,7 +144,7 @@ class HumanEvalTask:
                          memory_mb=self.memory_mb, cpu_s=self.cpu_s, packages=self.packages,
                          max_output_bytes=OUTPUT_BYTES)
         # output at the cap may have cut the marker off: then the exit status alone decides, as before the marker
-        finished = marker in res.stdout.split() or len(res.stdout.encode()) >= OUTPUT_BYTES
+        finished = marker in res.stdout or len(res.stdout.encode()) >= OUTPUT_BYTES
         if res.ok and finished:
             return Grade(True, 1.0, "all tests passed", code)
         if res.ok:
