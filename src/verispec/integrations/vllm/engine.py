@@ -15,7 +15,8 @@ result lines and reports as the local engine. What differs:
   time, and draft / target / verify times are not measured (0).
 
 Refused (ValueError naming the setting): block / HSD verifiers, divergence budgets, trees and drafters other than
-the draft model, which vLLM's plug-in does not run.
+the draft model, which vLLM's plug-in does not run, and sampling settings other than temperature, top-p and top-k
+(min_p, eta, penalties, logit bias), which it does not run together with a rule.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from verispec.runtime.types import GenerationResult, Metrics, Request
 
 #: the request schema's sampling options that vLLM's SamplingParams run as verispec defines them
 _VLLM_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
+#: those of them the plug-in runs together with a rule (it refuses min_p: vLLM applies it outside the distributions
+#: it verifies against)
+_WITH_A_RULE = ("temperature", "top_p", "top_k")
 
 __all__ = ["VLLMEngine", "check_sweep", "from_sweep_config"]
 
@@ -44,6 +48,12 @@ def check_sweep(cfg: Any) -> None:
     for m in cfg.methods:
         if m.budget_spec() is not None:
             raise ValueError(f"--engine vllm has no divergence budget; setting {m.label!r} asks for one")
+    # every unit is verified by a rule (lossless ones too), so only the options the plug-in runs with one
+    s = cfg.sampling_config()
+    for opt in options("sampling"):
+        if opt.name not in _WITH_A_RULE and getattr(s, opt.name) != opt.default:
+            raise ValueError(f"--engine vllm verifies every unit with a rule, which vLLM's plug-in does not run "
+                             f"together with sampling setting {opt.name} = {getattr(s, opt.name)!r}")
 
 
 class VLLMEngine:
@@ -93,10 +103,13 @@ class VLLMEngine:
         # vLLM drafts a fixed gamma, set when the engine starts: "auto" leaves the choice to it
         if req.gamma not in (AUTO, self.gamma):
             raise ValueError(f"this vLLM engine drafts gamma = {self.gamma}; the request asks {req.gamma}")
+        runs = _VLLM_SAMPLING if verification is None else _WITH_A_RULE
         for opt in options("sampling"):
-            # vLLM has no eta sampling; penalties and biases are refused with a rule (the plug-in's patches)
-            if opt.name not in _VLLM_SAMPLING and getattr(s, opt.name) != opt.default:
-                raise ValueError(f"--engine vllm does not run sampling setting {opt.name} = {getattr(s, opt.name)!r}")
+            # vLLM has no eta sampling; penalties, biases and min_p are refused with a rule (the plug-in's patches)
+            if opt.name not in runs and getattr(s, opt.name) != opt.default:
+                with_rule = "" if verification is None else " together with a verification rule"
+                raise ValueError(f"--engine vllm does not run sampling setting {opt.name} = "
+                                 f"{getattr(s, opt.name)!r}{with_rule}")
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p if s.top_p is not None else 1.0,
             top_k=s.top_k if s.top_k is not None else 0, min_p=s.min_p or 0.0, seed=req.seed,

@@ -66,6 +66,28 @@ def _patch_validation() -> None:
     SamplingParams.verify = verify  # type: ignore[method-assign]
 
 
+#: what a request with a rule is told where vLLM runs its V2 model runner, which the plug-in does not patch
+V2_RUNNER_REFUSAL = ("verification rules run in vLLM's V1 model runner, and this engine runs the V2 one (vLLM's "
+                     "default where Triton is available, e.g. on a GPU): start vLLM with VLLM_USE_V2_MODEL_RUNNER=0")
+
+
+def _patch_input_processor() -> None:
+    """Refuse a rule where the engine runs vLLM's V2 model runner: its sampling path (its own model runner and
+    rejection sampler classes) is not patched, so the rule would be accepted and silently not applied."""
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    original = InputProcessor._validate_params
+
+    def _validate_params(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, params, *args, **kwargs)  # SamplingParams.verify: a bad rule is refused there
+        v2 = bool(getattr(self.vllm_config, "use_v2_model_runner", False))
+        if v2 and isinstance(params, SamplingParams) and rule_of(params.extra_args) is not None:
+            raise VerificationError(V2_RUNNER_REFUSAL, parameter="verification")
+        return out
+
+    InputProcessor._validate_params = _validate_params  # type: ignore[method-assign]
+
+
 def _patch_openai_requests() -> None:
     """A top-level ``verification`` field of an OpenAI request goes into ``extra_args``."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -176,7 +198,13 @@ def _patch_rejection_sampler() -> None:
             own, t1, kept = None, t0, logits
         else:
             kept = logits.clone()  # vLLM may update logits in place
+            # vLLM's pass draws from every seeded row's generator; the plug-in's rows get their generators back as
+            # they were, so a seeded request's tokens do not depend on whether the others of its batch have a rule
+            gens = sampling_metadata.generators or {}
+            saved = {i: g.get_state() for i, g in gens.items() if i < len(found) and found[i] is not None}
             own = original(self, metadata, draft_probs, logits, sampling_metadata)
+            for i, state in saved.items():
+                gens[i].set_state(state)
             t1 = clock()
         width = metadata.max_spec_len + 1  # vLLM's output layout
         tokens = (own.sampled_token_ids if own is not None else
@@ -210,6 +238,7 @@ def _patch_rejection_sampler() -> None:
 def apply() -> None:
     """Apply every patch (once per process; :func:`verispec.integrations.vllm.register` guards it)."""
     _patch_validation()
+    _patch_input_processor()
     _patch_openai_requests()
     _patch_model_runner()
     _patch_rejection_sampler()
