@@ -94,5 +94,5 @@ def test_an_exit_before_the_hidden_tests_fails():
                  "def truncate_number(number):\n    return 0\n\nif __name__ == '__main__':\n    raise SystemExit\n"):
         g = TASK.grade(p, f"```python\n{code}```")
         assert not g.passed and "before the hidden tests finished" in g.detail, (code, g)
-    assert TASK.grade(p, "```python\ndef truncate_number(number):\n    print('x' * 10, end='')\n    return number % 1.0\n```"
-                      ).passed
+    chatty = "def truncate_number(number):\n    print('x' * 10, end='')\n    return number % 1.0\n"
+    assert TASK.grade(p, f"```python\n{chatty}```").passed
