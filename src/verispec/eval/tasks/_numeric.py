@@ -2,20 +2,24 @@
 
 Where the answer is looked for, first hit wins:
 
-1. after the last ``####`` (GSM8K reference style);
+1. on the last ``####`` answer line (GSM8K reference style: ``#### 18``; a line with letters on it,
+   such as the Markdown heading ``#### Step 2: ...``, is no answer line);
 2. inside the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces; LaTeX ``\\frac``,
-   ``\\dfrac``, ``\\text{}``, ``\\$``, ``{,}``, ``\\,`` are undone first);
+   ``\\dfrac`` (also ``\\frac12``; ``3\\frac{1}{2}`` is the mixed number 7/2), ``\\text{}``, ``\\$``,
+   ``{,}``, ``\\,`` are undone first);
 3. after the last "answer is" / "answer:" / "final answer" phrase (English only);
 4. the last number in the text.
 
 Numbers: optional sign (``-`` or U+2212), currency signs and ``%`` dropped, any Unicode decimal
-digits (Devanagari, Arabic-Indic ...) mapped to ASCII, ``a/b`` fractions, thousands separators
-(``,`` ``.`` ``'``, no-break spaces, and a plain space between digit groups of 3 as in ``2 700``).
+digits (Devanagari, Arabic-Indic ...) mapped to ASCII, ``a/b`` fractions, ``.5`` = 0.5, thousands
+separators (``,`` ``.`` ``'``, no-break spaces, and a plain space between digit groups of 3 as in
+``2 700``; Indian lakh grouping ``1,00,000`` too).
 Separator rules: with both ``,`` and ``.`` the later one is the decimal mark; a separator that
 repeats is a thousands separator (groups of 3 checked); a single separator followed by 1-2 or 4+
 digits is a decimal mark; a single separator followed by exactly 3 digits is ambiguous and is read
 by the language's convention (``decimal_comma``: ``1.500`` = 1500 and ``1,500`` = 1.5; otherwise
-the reverse). Trailing ``.0`` is harmless (values compare as exact fractions).
+the reverse), except after a zero (``0,500`` and ``0.500`` are 0.5). Trailing ``.0`` is harmless
+(values compare as exact fractions).
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ from fractions import Fraction
 
 _NUM = re.compile(
     r"(?:(?<![\w)])[-\u2212])?[$€£¥₹]?\s?"
-    r"(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?(?![\d.,])"
-    r"|\d(?:[\d,.'\u00a0\u202f\u066b\u066c]*\d)?)"
+    # a space-grouped number may end a sentence ("2 700."): only a separator+digit continues it
+    r"(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?(?!\d|[.,]\d)"
+    r"|\d(?:[\d,.'\u00a0\u202f\u066b\u066c]*\d)?"
+    r"|(?<![\w.])\.\d+)"  # ".5" is 0.5, not 5
     r"(?:\s*/\s*\d+(?:\.\d+)?)?"
 )
+# "#### 18" (GSM8K's answer line): a line of "####" and a number; a Markdown heading such as
+# "#### Step 2: ..." has letters on it and is no answer line
+_HASH = re.compile(r"####((?:(?![^\W\d_])[^\n#])*\d(?:(?![^\W\d_])[^\n#])*)$", re.M)
 _PHRASE = re.compile(r"\banswer\s*(?:is\b|:|=)\s*[:=]?", re.I)
 
 
@@ -68,9 +77,29 @@ def last_boxed(text: str) -> str | None:
     return text[i + 1 :]
 
 
+# the two arguments of \frac: braced, or a single digit as in \frac12
+_FRAC_ARGS = r"(\{([^{}]*)\}|(\d))\s*(\{([^{}]*)\}|(\d))"
+
+
+def _arg(m: re.Match[str], i: int) -> str:
+    """The ``\\frac`` argument whose braced form is group ``i`` (its single-digit form is ``i + 1``)."""
+    return m.group(i) if m.group(i) is not None else m.group(i + 1)
+
+
+def _mixed(m: re.Match[str]) -> str:
+    """``3\\frac{1}{2}`` as the single fraction ``7/2`` when all parts are whole numbers."""
+    whole, num, den = m.group(1), _arg(m, 3), _arg(m, 6)
+    if not (num.strip().isdigit() and den.strip().isdigit()) or int(den) == 0:
+        return m.group(0)
+    return f"{int(whole) * int(den) + int(num)}/{int(den)}"
+
+
 def unlatex(s: str) -> str:
     """Undo the LaTeX that commonly wraps a boxed number."""
-    s = re.sub(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"(\1)/(\2)", s)
+    # a whole number right before a fraction is a mixed number: 3\frac{1}{2} = 7/2
+    s = re.sub(r"(?<![\d.,])(\d+)[ \t]*\\[dt]?frac\s*" + _FRAC_ARGS, _mixed, s)
+    s = re.sub(r"\\[dt]?frac\s*" + _FRAC_ARGS,
+               lambda m: f"({_arg(m, 2)})/({_arg(m, 5)})", s)
     s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}", r"\1", s)
     s = s.replace("{,}", ",").replace("\\,", "").replace("\\!", "").replace("\\ ", " ")
     s = s.replace("\\$", "$").replace("\\%", "%").replace("\\left", "").replace("\\right", "")
@@ -91,19 +120,32 @@ def _decimal_str(tok: str, decimal_comma: bool) -> str | None:
             return None
         parts = whole.split(grp)
     else:
-        sep = seps[0]
+        sep = grp = seps[0]
         parts = tok.split(sep)
         if len(parts) > 2:  # repeated separator: thousands
             frac = ""
         else:
             after = parts[1]
-            is_decimal = len(after) != 3 or (sep == "," if decimal_comma else sep == ".")
+            # "0,500" / "0.500" can only be a decimal: nobody groups thousands after a zero
+            is_decimal = (len(after) != 3 or not parts[0].strip("0")
+                          or (sep == "," if decimal_comma else sep == "."))
             if is_decimal:
                 return parts[0] + "." + after
             frac = ""
-    if parts[1:] and (any(len(p) != 3 for p in parts[1:]) or not 1 <= len(parts[0]) <= 3):
+    if parts[1:] and not (_western(parts) or (grp == "," and _indian(parts))):
         return None
     return "".join(parts) + ("." + frac if frac else "")
+
+
+def _western(groups: list[str]) -> bool:
+    """Thousands grouping: 1,234,567."""
+    return 1 <= len(groups[0]) <= 3 and all(len(g) == 3 for g in groups[1:])
+
+
+def _indian(groups: list[str]) -> bool:
+    """Lakh/crore grouping (Hindi, Marathi, Punjabi, Urdu ...): 1,00,000 and 12,34,567."""
+    return (len(groups) > 2 and 1 <= len(groups[0]) <= 2 and len(groups[-1]) == 3
+            and all(len(g) == 2 for g in groups[1:-1]))
 
 
 def parse_number(s: str, decimal_comma: bool = False) -> Fraction | None:
@@ -112,6 +154,8 @@ def parse_number(s: str, decimal_comma: bool = False) -> Fraction | None:
     s = re.sub(r"[$€£¥₹%]", "", s).strip()
     neg = s.startswith("-")
     s = s.lstrip("-+ ").strip("()")
+    if s.startswith("."):  # ".5"
+        s = "0" + s
     if "/" in s:
         num, _, den = s.partition("/")
         a = parse_number(num, decimal_comma)
@@ -146,8 +190,8 @@ def numbers_in(text: str, decimal_comma: bool = False) -> list[tuple[Fraction, s
 
 def extract_answer(text: str, decimal_comma: bool = False) -> tuple[Fraction | None, str | None]:
     """The final numeric answer of a completion and the text it was read from."""
-    if "####" in text:
-        nums = numbers_in(text.rsplit("####", 1)[1], decimal_comma)
+    for m in reversed(list(_HASH.finditer(text))):
+        nums = numbers_in(m.group(1), decimal_comma)
         if nums:
             return nums[0]
     boxed = last_boxed(text)

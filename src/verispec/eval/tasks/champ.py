@@ -9,7 +9,8 @@ in terms of the problem's variables: a formula; several values: list them).
 
 Grader (``match``): the CHAMP authors graded answers with GPT-4; this is a rule-based matcher,
 not a judge. The reference and the candidate (last ``\\boxed{}``, else text after "answer is" /
-"answer:", else the last line) are parsed by the same ``parse_answer`` into alternatives
+"answer:", else the last line; a candidate with thousands separators such as ``5,050`` is also
+read as one number) are parsed by the same ``parse_answer`` into alternatives
 ("X, or equivalently Y" gives two; "or approximately" ones are dropped) of one of these kinds:
 
 * ``bool``   Yes/No (first word);
@@ -288,10 +289,20 @@ def candidate_text(completion: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
+# digits grouped by thousands ("5,050", "2{,}001{,}000"): also read as one number
+_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:(?:,|\{,\})\d{3})+(?!\d)")
+
+
 def match(reference: str, candidate: str) -> bool:
-    """True iff some alternative of ``candidate`` matches some alternative of ``reference``."""
-    refs, cands = parse_answer(reference), parse_answer(candidate)
-    return any(_match_one(r, c, candidate) for r in refs for c in cands)
+    """True iff some alternative of ``candidate`` matches some alternative of ``reference``.
+
+    A candidate with thousands separators is read both ways ("376,625" may list two values)."""
+    refs = parse_answer(reference)
+    texts = [candidate]
+    ungrouped = _THOUSANDS.sub(lambda m: re.sub(r"\{,\}|,", "", m.group(0)), candidate)
+    if ungrouped != candidate:
+        texts.append(ungrouped)
+    return any(_match_one(r, c, text) for text in texts for r in refs for c in parse_answer(text))
 
 
 @functools.lru_cache(maxsize=1)
