@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from verispec.defaults import (
     DEFAULT_DTYPE,
     DEFAULT_TARGET,
     DRAFTERS,
+    DTYPES,
     check_pairing,
     drafter_spec,
     resolve_backends,
@@ -91,6 +93,8 @@ def _gguf_of(name: str | os.PathLike[str], role: str) -> tuple[str, bool]:
         path = models.gguf_path(key)
         if not path.is_file():
             raise models.ModelNotInstalledError(f"{path} missing: run `verispec models install {key}`")
+        # a partial or corrupted GGUF is rebuilt or refused, never handed to llama.cpp
+        path = models.checked_gguf(key, progress=lambda m: print(m, file=sys.stderr, flush=True))
         return os.fspath(path), True
     if key.endswith(".gguf"):
         if not os.path.isfile(key):
@@ -215,6 +219,28 @@ class EngineCache:
 ENGINES = EngineCache()
 
 
+def _model_key(name: str | os.PathLike[str]) -> tuple[str, str]:
+    """What a model argument loads, for the engine cache: a registered name in the model cache it is read from,
+    a path made absolute (a relative one names another model once the working directory changes)."""
+    key = os.fspath(name)
+    if key in models.REGISTRY:
+        return key, os.fspath(models.cache_dir())
+    return "path", os.path.abspath(os.path.expanduser(key))
+
+
+def _check_engine_args(dtype: object, threads: object, draft_p_min: object, max_rows: object) -> None:
+    """ValueError naming the argument for a value :func:`load_engine` cannot honour, before anything loads (the
+    front doors' ranges: ``--dtype``, ``--threads``, ``--draft-p-min``, ``--max-batch``)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"threads must be an integer >= 1 (or None: every core), got {threads!r}")
+    if not isinstance(draft_p_min, int | float) or isinstance(draft_p_min, bool) or not 0 <= draft_p_min <= 1:
+        raise ValueError(f"draft_p_min must be a number in [0, 1], got {draft_p_min!r}")
+    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
+        raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
+
+
 def load_engine(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
@@ -254,16 +280,25 @@ def load_engine(
     this (llama.cpp's ``--draft-p-min``; lossless; 0: off). ``max_rows``: the most rows (requests decoded together)
     a llama.cpp target or draft holds at once, its sequences, whose KV cells are allocated up front
     (:attr:`Engine.max_rows`; transformers backends have no such limit).
+
+    A value it cannot honour (a dtype outside :data:`~verispec.defaults.DTYPES`, threads or max_rows below 1,
+    draft_p_min outside [0, 1], a device torch does not see) is refused by name before anything loads. Engines are
+    cached by what they load: a draft the drafter does not load is left out of the key, a path is made absolute.
     """
-    if device != "cpu" and not device.startswith("cuda") and device != "mps":
+    if not isinstance(device, str) or (device != "cpu" and not device.startswith("cuda") and device != "mps"):
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' asked for, but torch sees no MPS device")
+    _check_engine_args(dtype, threads, draft_p_min, max_rows)
     target_backend, drafter = resolve_backends(target_backend, drafter, device)
     check_pairing(drafter, target_backend)
+    if not drafter_spec(drafter).uses_draft_model:
+        draft = None  # not loaded: the engine is the same whatever draft was named
     if threads:
         torch.set_num_threads(threads)
-    key = (os.fspath(target), os.fspath(draft) if draft else None, drafter, dtype, threads,
+    key = (_model_key(target), _model_key(draft) if draft else None, drafter, dtype, threads,
            tuple(sorted((tree or {}).items())), device, target_backend, bool(deterministic), float(draft_p_min),
            int(max_rows))
     if cache and (hit := ENGINES.get(key)) is not None:
@@ -319,6 +354,8 @@ def generate(
     sampling = SamplingConfig.of({o.name: values.pop(o.name) for o in schema_options("sampling")
                                   if o.name in values})
     rule = values.pop("rule", OPTIONS["rule"].default)
+    if isinstance(rule, Rule) and rule_params:
+        raise ValueError(f"rule_params apply to a rule given by name; {rule.describe()} carries its own")
     rule_obj = rule if isinstance(rule, Rule) else get(rule, **(rule_params or {}))
     target_backend, drafter = resolve_backends(target_backend, drafter)
     engine = load_engine(target, draft if drafter_spec(drafter).uses_draft_model else None, drafter, dtype,

