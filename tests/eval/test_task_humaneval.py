@@ -86,13 +86,18 @@ def test_hostile_completions_fail_and_grading_goes_on():
 
 
 def test_an_exit_before_the_hidden_tests_fails():
-    """A program that exits with status 0 before check() ran (a main block, a bare exit in the body's module
-    code) used to pass on its exit status alone; the marker printed after check() is missing, so it fails."""
+    """A program that exits with status 0 before check() ran (a bare exit in its module code) used to pass on its
+    exit status alone; the marker printed after check() is missing, so it fails."""
     p = PROBLEMS[2]
     for code in ("def truncate_number(number):\n    return 0\n\nimport sys\nsys.exit(0)\n",
-                 "def truncate_number(number):\n    return 0\n\nimport os\nos._exit(0)\n",
-                 "def truncate_number(number):\n    return 0\n\nif __name__ == '__main__':\n    raise SystemExit\n"):
+                 "def truncate_number(number):\n    return 0\n\nimport os\nos._exit(0)\n"):
         g = TASK.grade(p, f"```python\n{code}```")
         assert not g.passed and "before the hidden tests finished" in g.detail, (code, g)
+    # a main block does not run, as in the reference harness (it execs the program in fresh globals): a wrong
+    # answer fails on its tests and a right one passes, whatever the block does
+    main = "\n\nif __name__ == '__main__':\n    raise SystemExit\n"
+    wrong = TASK.grade(p, f"```python\ndef truncate_number(number):\n    return 0{main}```")
+    assert not wrong.passed and "before the hidden tests" not in wrong.detail
+    assert TASK.grade(p, f"```python\ndef truncate_number(number):\n    return number % 1.0{main}```").passed
     chatty = "def truncate_number(number):\n    print('x' * 10, end='')\n    return number % 1.0\n"
     assert TASK.grade(p, f"```python\n{chatty}```").passed

