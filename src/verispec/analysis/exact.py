@@ -10,6 +10,7 @@ import torch
 
 from verispec.core.rules import Rule, get
 from verispec.core.rules.collaborative import lenience_delta
+from verispec.core.rules.validate import check_l, check_lam
 from verispec.core.sampling import renormalize_on
 from verispec.core.verify.chain import as_float64, check_distribution
 
@@ -76,14 +77,18 @@ def kl(a: object, b: object) -> torch.Tensor:
 
 
 def cos_we_closed_form(p: object, q: object, lam: float) -> torch.Tensor:
-    """Eq. 8: CoS (weighted ensemble) generates lam p + (1 - lam) q."""
-    return lam * as_dist(p) + (1 - lam) * as_dist(q)
+    """Eq. 8: CoS (weighted ensemble) generates lam p + (1 - lam) q. lam in [0, 1] and p, q rows of
+    probabilities (ValueError naming the argument otherwise, as for the rule)."""
+    check_lam(lam)
+    return lam * _checked("p", p) + (1 - lam) * _checked("q", q)
 
 
 def lenience_closed_form(p: object, q: object, l: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 10-11: lenience generates Delta p + (1 - Delta) q where q <= p, q where p < q <= p/l, p/l where
-    q >= p/l. Returns (distribution, Delta), Delta from the TV form of Eq. 11 (Eq. 25)."""
-    p, q = as_dist(p), as_dist(q)
+    q >= p/l. Returns (distribution, Delta), Delta from the TV form of Eq. 11 (Eq. 25). l in (0, 1] and p, q rows
+    of probabilities (ValueError naming the argument otherwise, as for the rule): Eq. 25 uses sum p = sum q = 1."""
+    check_l(l)
+    p, q = _checked("p", p), _checked("q", q)
     num = 0.5 * (q - p / l).abs().sum(-1, keepdim=True) + 0.5 - 0.5 / l
     den = 0.5 * (q - p).abs().sum(-1, keepdim=True)
     delta = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
@@ -94,7 +99,7 @@ def lenience_closed_form(p: object, q: object, l: float) -> tuple[torch.Tensor, 
 def truncation_closed_form(q: object, allowed: torch.Tensor) -> torch.Tensor:
     """Eq. 13: truncation-based verification generates q / Z_Theta(q) on A_Theta, 0 elsewhere. Undefined (a
     ValueError) where q has no mass on A_Theta: the rule then falls back (see :func:`induced_distribution`)."""
-    q = as_dist(q)
+    q = _checked("q", q)
     if bool((torch.where(allowed, q, torch.zeros_like(q)).sum(-1) <= 0).any()):
         raise ValueError("Eq. 13 is undefined where q has no mass on the allowed set; induced_distribution gives "
                          "what the rule does there")

@@ -101,26 +101,30 @@ def _budget_round(rule: Rule, budget: Budget, p_fn: DistFn, q_fn: DistFn, g: int
     return out
 
 
-def _draft_paths(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]):
+def _draft_paths(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]):
     """Every draft path x_1 .. x_g of positive probability under q, depth first over q's support (not all V^g
-    paths: a real vocabulary with top-k has few), with its probability, its q_1 .. q_g and p_1 .. p_{g+1}."""
+    paths: a real vocabulary with top-k has few), with its probability, its q_1 .. q_g and p_1 .. p_{g+1}.
+
+    A chain verifier verifies the lossless rule's own law: p_i is ``rule.target(p)`` (p_Theta for the truncation
+    baselines, whose token-wise form verifies p_Theta too) and q_i is ``rule.draft(q)``, what the draft samples."""
 
     def rec(path: tuple[int, ...], prob: float, qs: list, ps: list):
         pre = prefix + path
-        p = p_fn(pre).to(torch.float64)
+        p = rule.target(p_fn(pre).to(torch.float64))
         if len(path) == g:
             yield path, prob, qs, ps + [p]
             return
-        q = q_fn(pre).to(torch.float64)
+        q = rule.draft(q_fn(pre).to(torch.float64))
         for x in torch.nonzero(q > 0).flatten().tolist():
             yield from rec(path + (x,), prob * float(q[x]), qs + [q], ps + [p])
 
     yield from rec((), 1.0, [], [])
 
 
-def _block_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+def _block_round(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]
+                 ) -> dict[tuple[int, ...], float]:
     out: dict[tuple[int, ...], float] = {}
-    for path, prob, qs, ps in _draft_paths(p_fn, q_fn, g, prefix):
+    for path, prob, qs, ps in _draft_paths(rule, p_fn, q_fn, g, prefix):
         p, q = torch.stack(ps).unsqueeze(0), torch.stack(qs).unsqueeze(0)
         x = torch.tensor([path], dtype=torch.long)
         w = block_weights(x, q, p)
@@ -141,11 +145,12 @@ def _block_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) ->
     return out
 
 
-def _hsd_round(p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+def _hsd_round(rule: Rule, p_fn: DistFn, q_fn: DistFn, g: int, prefix: tuple[int, ...]
+               ) -> dict[tuple[int, ...], float]:
     """Every draft path weighed by prod q; the whole block kept with probability rho_g, else the walk down the
     depths (:mod:`verispec.core.verify.hsd`), with the sampler's own functions."""
     out: dict[tuple[int, ...], float] = {}
-    for path, prob, qs, ps in _draft_paths(p_fn, q_fn, g, prefix):
+    for path, prob, qs, ps in _draft_paths(rule, p_fn, q_fn, g, prefix):
         p, q = torch.stack(ps).unsqueeze(0), torch.stack(qs).unsqueeze(0)
         rho = hsd_ratios(torch.tensor([path], dtype=torch.long), q, p)
         stop = hsd_stop(rho, q, p)[0].tolist()
@@ -170,15 +175,16 @@ def round_law(rule: Rule | str, p_fn: DistFn, q_fn: DistFn | None, g: int, prefi
               verifier: str = "token") -> dict[tuple[int, ...], float]:
     """Exact law of the tokens one round emits after ``prefix`` with ``g`` drafts (accepted drafts + one
     correction or bonus token); ``q_fn=None`` or ``g = 0``: one target step. Block and HSD verification need a
-    lossless rule (they verify against the target's p)."""
+    lossless rule and verify its target (``rule.target(p)``: p, or p_Theta for the truncation baselines) against
+    ``rule.draft(q)``."""
     rule = get(rule) if isinstance(rule, str) else rule
     check_verifier(verifier, rule.lossless, trees=False)
     if q_fn is None:
         g = 0
     if verifier == "block" and g > 0:
-        return _block_round(p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
+        return _block_round(rule, p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
     if verifier == "hsd" and g > 0:
-        return _hsd_round(p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
+        return _hsd_round(rule, p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
     return _token_round(rule, p_fn, q_fn, g, prefix)  # type: ignore[arg-type]
 
 

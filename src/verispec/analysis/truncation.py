@@ -8,16 +8,22 @@ from dataclasses import dataclass
 import torch
 
 from verispec.analysis.exact import as_dist
+from verispec.core.rules.validate import check_delta, check_epsilon, check_p_base
 from verispec.core.sampling import eta_mask, minp_mask, renormalize_on
 
 __all__ = ["Lemma1", "allowed_set", "kl_eagle", "kl_sd", "lemma1"]
 
 
 def allowed_set(p: torch.Tensor, strategy: str, param: float, delta: float | None = None) -> torch.Tensor:
-    """A_Theta for ``strategy`` "minp" (p_base, Eq. 5) or "eta" (epsilon, delta, Eq. 6)."""
+    """A_Theta for ``strategy`` "minp" (p_base, Eq. 5) or "eta" (epsilon, delta, Eq. 6). The parameters are checked
+    as the rules check them (ValueError naming the parameter): outside its range a set can be empty (p_base > 1),
+    and p_Theta = p / Z_Theta(p) is then undefined."""
     if strategy == "minp":
+        check_p_base(param)
         return minp_mask(p, param)
     if strategy == "eta":
+        check_epsilon(param)
+        check_delta(delta)
         return eta_mask(p, param, delta)
     raise ValueError(f"unknown truncation strategy {strategy!r} (use 'minp' or 'eta')")
 

@@ -73,8 +73,12 @@ def names() -> list[str]:
 
 
 def get(name: str, **params: object) -> Rule:
-    """Build the rule registered as ``name`` with ``params`` (validated; unknown names raise ValueError)."""
+    """Build the rule registered as ``name`` with ``params`` (validated; unknown names raise ValueError). A rule
+    object is returned as is; parameters given with it are refused (ValueError naming them), not dropped."""
     if isinstance(name, Rule):
+        if params:
+            raise ValueError(f"parameter(s) {', '.join(sorted(params))} given with the rule object {name.describe()}; "
+                             f"pass the rule's name to build it with them")
         return name
     cls = REGISTRY[name]
     kwargs = {_ALIASES.get(k, k): v for k, v in params.items()}
@@ -185,8 +189,9 @@ def _param_schema(cls: type[Rule], name: str) -> dict[str, Any]:
             out.update(type="string", enum=list(typing.get_args(arg)))
         elif arg is float or arg is int:
             out["type"] = "number"
-    if name in RANGES:
-        lo, hi, lo_open, hi_open = RANGES[name]
+    bounds = cls.param_ranges.get(name, RANGES.get(name))
+    if bounds is not None:
+        lo, hi, lo_open, hi_open = bounds
         out["exclusiveMinimum" if lo_open else "minimum"] = lo
         out["exclusiveMaximum" if hi_open else "maximum"] = hi
     return out

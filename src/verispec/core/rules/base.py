@@ -66,6 +66,9 @@ class Rule:
     lossless: ClassVar[bool] = False
     #: names of the constructor parameters, in the order they are documented
     param_names: ClassVar[tuple[str, ...]] = ()
+    #: this rule's own ranges where they are narrower than :data:`verispec.core.rules.validate.RANGES` (its checks
+    #: and :func:`verispec.core.rules.describe` both read them): name -> (low, high, low open, high open)
+    param_ranges: ClassVar[dict[str, tuple[float, float, bool, bool]]] = {}
     #: how a tree position goes on after a rejected candidate (App. H.1), read from :meth:`tree_verifier`:
     #: "residual": the next candidate is verified against the correction r and the bonus drawn from the last r
     #: (recursive rejection sampling; Lemma 3(i)); "keep": every candidate is verified against the same target

@@ -12,6 +12,9 @@ from verispec.core.rules.base import ReferenceRule, Rule, UnnormalizedReferenceR
 from verispec.core.rules.validate import check_l, check_lam, check_p_base, check_range
 from verispec.core.sampling import minp_mask
 
+#: lam of the Section 4 ablations: the ceiling p / lam and Delta (Eq. 11 with l = lam) divide by it, so 0 is out
+_POSITIVE_LAM = {"lam": (0.0, 1.0, True, False)}
+
 __all__ = [
     "AdaptiveInterpolation",
     "Ceiling",
@@ -119,12 +122,11 @@ class OvershootCeiling(UnnormalizedReferenceRule):
     name: ClassVar[str] = "overshoot-ceiling"
     equation: ClassVar[str] = "Sec. 4 (ceiling variant), Table 1"
     param_names: ClassVar[tuple[str, ...]] = ("lam", "realization")
+    param_ranges: ClassVar[dict[str, tuple[float, float, bool, bool]]] = _POSITIVE_LAM
 
     def __post_init__(self) -> None:
-        check_lam(self.lam)
+        check_range("lam", self.lam, self.param_ranges["lam"])  # the ceiling is p / lam
         self._check_realization()
-        if self.lam == 0:
-            raise ValueError("lam must be > 0 for overshoot-ceiling (the ceiling is p/lam)")
 
     def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         ceiling = p / self.lam
@@ -146,12 +148,11 @@ class AdaptiveInterpolation(UnnormalizedReferenceRule):
     name: ClassVar[str] = "adaptive-interpolation"
     equation: ClassVar[str] = "Sec. 4 (adaptive variant), Eq. 11, Table 1"
     param_names: ClassVar[tuple[str, ...]] = ("lam", "realization")
+    param_ranges: ClassVar[dict[str, tuple[float, float, bool, bool]]] = _POSITIVE_LAM
 
     def __post_init__(self) -> None:
-        check_lam(self.lam)
+        check_range("lam", self.lam, self.param_ranges["lam"])  # Delta (Eq. 11 with l = lam) divides by lam
         self._check_realization()
-        if self.lam == 0:
-            raise ValueError("lam must be > 0 for adaptive-interpolation (Delta divides by lam)")
 
     def reference(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         delta = lenience_delta(p, q, self.lam)

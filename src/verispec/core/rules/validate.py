@@ -24,18 +24,22 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
 _LABELS = {"l": "l (lenience)", "lam": "lam (lambda)"}
 
 
-def range_text(name: str) -> str:
-    """A parameter's range in interval notation, e.g. ``(0, 1]``."""
-    lo, hi, lo_open, hi_open = RANGES[name]
+Bounds = tuple[float, float, bool, bool]
+
+
+def range_text(name: str, bounds: Bounds | None = None) -> str:
+    """A parameter's range in interval notation, e.g. ``(0, 1]`` (``bounds``: a rule's own, else :data:`RANGES`)."""
+    lo, hi, lo_open, hi_open = bounds or RANGES[name]
     return f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
 
-def check_range(name: str, value: float) -> None:
-    """ValueError naming ``name`` and its range (:data:`RANGES`) unless ``value`` is a finite number inside it."""
-    lo, hi, lo_open, hi_open = RANGES[name]
+def check_range(name: str, value: float, bounds: Bounds | None = None) -> None:
+    """ValueError naming ``name`` and its range (``bounds``, default :data:`RANGES`) unless ``value`` is a finite
+    number inside it."""
+    lo, hi, lo_open, hi_open = bounds or RANGES[name]
     v = _finite(name, value)
     if (v < lo or (lo_open and v == lo)) or (v > hi or (hi_open and v == hi)):
-        raise ValueError(f"{_LABELS.get(name, name)} must be in {range_text(name)}, got {value}")
+        raise ValueError(f"{_LABELS.get(name, name)} must be in {range_text(name, bounds)}, got {value}")
 
 
 def check_l(value: float) -> None:
