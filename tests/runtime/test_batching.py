@@ -233,3 +233,34 @@ def test_engine_capacity_is_its_backends_row_limit(pair):
     assert max(seen) == 2
     for p, out in zip(prompts, outs, strict=True):
         assert out.token_ids == reference_greedy(target, p, 6)
+
+
+N_TRUNC = 1000
+
+
+@pytest.mark.parametrize("verifier", ["block", "hsd"])
+def test_chain_verifiers_emit_the_truncated_target_law(verifier):
+    """Min-p sampling (p_base 0.3, lossless to p_Theta) under block and HSD verification, gamma 2: the engine's
+    3-token continuations follow the exact law, which is p_Theta's own (the token-wise law with no draft). Chi-square
+    goodness of fit, N = 1000 continuations (vocabulary 5), alpha = 1e-4, bins with expected < 5 pooled; a sampled
+    continuation of exact probability zero fails at once. Verifying against the untruncated p instead puts the mass
+    stated below on continuations p_Theta never emits, so such a sampler fails this N at once."""
+    target = tiny_qwen(11, vocab_size=V_SMALL, logit_scale=8)
+    draft = tiny_qwen(12, vocab_size=V_SMALL, logit_scale=8)
+    cfg, rule, prompt = SamplingConfig(temperature=1.0), get("minp-sampling", p_base=0.3), (1, 3, 2)
+    p_fn, q_fn = _dist_fn(target, cfg), _dist_fn(draft, cfg)
+    exact = sequence_distribution(rule, p_fn, q_fn, 2, 3, prompt, verifier=verifier)
+    truncated = sequence_distribution(rule, p_fn, None, 0, 3, prompt)
+    assert max(abs(exact.get(k, 0) - v) for k, v in truncated.items()) < 1e-9 and exact.keys() <= truncated.keys()
+    untruncated = sequence_distribution("lossless", p_fn, None, 0, 3, prompt)
+    outside = sum(v for k, v in untruncated.items() if k not in truncated)
+    assert outside > 0.05, outside  # the wrong law's mass on continuations of probability zero here
+    eng = Engine(HFBackend(target), ModelDrafter(HFBackend(draft)))
+    outs = eng.generate([list(prompt)] * N_TRUNC, rule=rule, sampling=cfg, seed=list(range(N_TRUNC)), gamma=2,
+                        max_new_tokens=3, batch_size=50, verifier=verifier)
+    counts: dict = {}
+    for out in outs:
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+    pvalue = chi_square_pvalue(counts, exact)
+    assert pvalue > 1e-4, pvalue
+    assert sum(o.metrics.accepted for o in outs) > 0  # drafts were verified, not only bonus tokens

@@ -377,7 +377,9 @@ class Engine:
                 p = process(logits, r.cfg, hist)
                 q = prop.q.unsqueeze(0) if prop.q is not None and not r.cfg.greedy else None
                 if r.request.verifier in CHAIN_VERIFIERS:
-                    res = CHAIN_VERIFIERS[r.request.verifier](y_t, q, p.unsqueeze(0), r.generator)
+                    # a chain verifier is lossless to the rule's target: p, or p_Theta for the truncation baselines
+                    # (q is already the rule's draft law: the drafter applied rule.draft)
+                    res = CHAIN_VERIFIERS[r.request.verifier](y_t, q, r.rule.target(p).unsqueeze(0), r.generator)
                 elif r.budget is not None and y:
                     res = verify_block(self._budgeted(r, p, prop), y_t, q, p.unsqueeze(0), r.generator)
                 else:
