@@ -2,8 +2,6 @@
 
 - the page's seed field is left empty, so the server draws a fresh seed per request (it showed the schema's 0, so
   every Generate at temperature > 0 sent seed 0 and drew the same sample);
-- a forced call's arguments are held to a JSON object (a ``parameters`` schema without ``type`` let the grammar
-  write any JSON value, which is then not read back as a call), and ``parameters`` of another type are refused;
 - a streamed answer that is only tool calls carries its logprobs and token details, as the full response does;
 - ``parallel_tool_calls: false`` gives one call at most (it was dropped unread);
 - side by side on the page, a side the server refuses ends the other side's request too (it streamed on, unseen,
@@ -17,8 +15,6 @@ import os
 import re
 import shutil
 import threading
-import time
-import urllib.request
 from collections.abc import Sequence
 
 import pytest
@@ -26,7 +22,8 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from test_server import metrics, wait_for  # noqa: E402  (the server tests' helpers, a module of this folder)
 
 from verispec.server import create_app  # noqa: E402
 from verispec.server.background import BackgroundServer  # noqa: E402
@@ -40,24 +37,9 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
 
 
-def metrics(srv) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(srv.url + "/metrics", timeout=TIMEOUT) as resp:
-        text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 def total(samples: dict, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     return sum(v for (n, lab), v in samples.items() if n == name and set(labels.items()) <= set(lab))
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------------- the page's seed
