@@ -1,4 +1,4 @@
-"""Regression tests of the runtime review (toy engines, seconds): callbacks that raise cost no other request its
+"""The runtime on callbacks and bad input (toy engines, seconds): callbacks that raise cost no other request its
 tokens or its on_done; prompt logprobs on a vocabulary smaller than ``top``; a one-prompt ``generate`` raises what
 failed its start; bad prompts and sampling settings are refused with a ValueError naming them."""
 

@@ -1,4 +1,4 @@
-"""Regression tests of the server's page, tool calls and streaming: each failed before its fix.
+"""The server's page, tool calls and streaming:
 
 - the page's seed field is left empty, so the server draws a fresh seed per request (it showed the schema's 0, so
   every Generate at temperature > 0 sent seed 0 and drew the same sample);

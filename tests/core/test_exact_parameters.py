@@ -1,6 +1,6 @@
-"""Regression tests of a review of the exact analysis and the rules' parameters (exact arithmetic, float64, no
-sampling): chain verifiers verify a lossless rule's own target, closed forms refuse what the rules refuse, and the
-published parameter ranges are the enforced ones."""
+"""The exact analysis and the rules' parameters (exact arithmetic, float64, no sampling): chain verifiers verify a
+lossless rule's own target, closed forms refuse what the rules refuse, and the published parameter ranges are the
+enforced ones."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Regression tests for number-grading defects found in review (GSM / MGSM final-number extraction)."""
+"""Reading the final number of a GSM / MGSM / CHAMP answer: headings, grouping, values below one, LaTeX fractions."""
 
 from __future__ import annotations
 

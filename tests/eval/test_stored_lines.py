@@ -19,7 +19,7 @@ from verispec.eval.tasks.toy import ALPHABET
 
 
 def _config(limit: int) -> dict:
-    return {"name": "review", "seeds": [0], "gamma": 3, "max_new_tokens": 6, "temperature": 1.0,
+    return {"name": "stored", "seeds": [0], "gamma": 3, "max_new_tokens": 6, "temperature": 1.0,
             "models": {"target": "toy"}, "tasks": [{"name": "toy", "limit": limit}],
             "methods": [{"rule": "lossless"}]}
 
@@ -27,7 +27,7 @@ def _config(limit: int) -> dict:
 @pytest.fixture(scope="module")
 def extended_run(tmp_path_factory):
     """A toy run of 2 problems extended to 3 (config.json keeps limit 2), every output holding its letter."""
-    run = tmp_path_factory.mktemp("review") / "run"
+    run = tmp_path_factory.mktemp("stored") / "run"
     run_sweep(parse_config(_config(2)), run, progress=False)
     run_sweep(parse_config(_config(3)), run, progress=False)
     path = run / "results.jsonl"

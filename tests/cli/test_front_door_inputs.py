@@ -147,7 +147,7 @@ def test_a_relative_path_is_keyed_by_what_it_names(fake_models, tmp_path, monkey
 
 # ------------------------------------------------------------------------------------- the GGUF's sha256
 
-FAKE = "fake-review-model"
+FAKE = "fake-test-model"
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def fake_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     data = b"GGUF" + bytes(range(256)) * 8
 
     def register(chunks: bool) -> bytes:
-        prefix = "vs_review_chunks_part" if chunks else "vs_review_absent_part"
+        prefix = "vs_test_chunks_part" if chunks else "vs_test_absent_part"
         if chunks:
             pkg = tmp_path / "site" / f"{prefix}1"
             (pkg / "data").mkdir(parents=True)
