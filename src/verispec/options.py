@@ -187,11 +187,12 @@ class Option:
                 raise self._bad(name, f"in [0, {MAX_GAMMA}] or '{AUTO}'", value)
             return value
         if k == "stop":
-            if isinstance(value, str):
-                return [value]
-            if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, list | tuple) or not all(isinstance(s, str) for s in items):
                 raise self._bad(name, "a string or a list of strings", value)
-            return list(value)
+            if any(s == "" for s in items):  # it would match before every token: refused, as vLLM refuses it
+                raise self._bad(name, "non-empty strings", value)
+            return list(items)
         if k == "logit_bias":
             if not isinstance(value, Mapping):
                 raise self._bad(name, "an object mapping token ids to biases", value)

@@ -197,3 +197,16 @@ def test_a_checked_gguf_is_hashed_once(fake_gguf, monkeypatch):
 
     monkeypatch.setattr(models, "_sha256_file", no_hash)
     assert api._gguf_of(FAKE, "drafter")[0] == str(models.gguf_path(FAKE))
+
+
+def test_an_empty_stop_string_is_refused_at_every_front_door():
+    """An empty stop string would match before every token (vLLM refuses it too): the schema refuses it, so the
+    engine, verispec.generate and the command line do."""
+    from verispec import options
+    from verispec.testing import toy_engine
+
+    with pytest.raises(ValueError, match="stop must be non-empty strings"):
+        options.check("stop", "")
+    with pytest.raises(ValueError, match="stop must be non-empty strings"):
+        toy_engine("model").generate([1, 2, 3], max_new_tokens=4, stop=["x", ""])
+    assert options.check("stop", "x") == ["x"]

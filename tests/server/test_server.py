@@ -524,6 +524,8 @@ BAD = [
     ("/v1/completions", {**COMP, "speculative": {"gamma": 1000}}, 400, "speculative.gamma", "speculative.gamma"),
     ("/v1/completions", {**COMP, "speculative": {"gama": 3}}, 400, "unknown field 'speculative.gama'",
      "speculative.gama"),
+    ("/v1/completions", {**COMP, "stop": ""}, 400, "stop must be non-empty strings", "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["\n", ""]}, 400, "stop must be non-empty strings", "stop"),
     ("/v1/completions", {**COMP, "n": 17}, 400, "less than or equal to 16", "n"),
     ("/v1/completions", {**COMP, "n": 0}, 400, "greater than or equal to 1", "n"),
     ("/v1/completions", {**COMP, "best_of": 3}, 400, "best_of is not supported", "best_of"),
