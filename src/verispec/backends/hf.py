@@ -40,10 +40,10 @@ class _Row:
     def drop_pending(self) -> None:
         self.p_tokens, self.p_parents, self.p_slots = [], [], []
 
-    def sync(self, ids: list[int]) -> list[int]:
-        """Roll back to the longest prefix shared with ``ids[:-1]``; return the tokens to feed (>= 1)."""
+    def sync(self, ids: list[int], keep: int) -> list[int]:
+        """Roll back to the ``keep`` tokens shared with ``ids[:-1]`` (:func:`common_prefix_len`); return the tokens
+        to feed (>= 1)."""
         self.drop_pending()
-        keep = common_prefix_len(self.tokens, ids[:-1])
         del self.tokens[keep:], self.slots[keep:]
         return list(ids[keep:])
 
@@ -214,9 +214,10 @@ class HFBackend:
             for i, par in enumerate(req.parents):
                 if not -1 <= par < i:
                     raise ValueError(f"node {i} has parent {par}: not -1 or an earlier node")
+            keep = common_prefix_len(r.tokens, req.ids[:-1])
             # every token the forward will embed (the cached prefix was checked when it was fed), before any change
-            self._check_vocab(list(req.ids[common_prefix_len(r.tokens, req.ids[:-1]) :]) + list(req.tokens))
-            feed = r.sync(req.ids)
+            self._check_vocab(list(req.ids[keep:]) + list(req.tokens))
+            feed = r.sync(req.ids, keep)
         new_depths = tree_depths(r.p_parents + list(req.parents))[len(r.p_parents) :]
         linear = len(r.tokens) + len(feed)
         deepest = max(new_depths, default=0)

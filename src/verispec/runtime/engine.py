@@ -558,10 +558,8 @@ class Engine:
             sched = Scheduler(self, max_batch=1)
             handle = sched.submit(requests[0])  # raises on bad input
             sched.run()
-            if handle.row is not None and handle.row.failure is not None:
-                raise handle.row.failure  # one prompt: what failed its row is raised, as bad input is
             if handle.failure is not None:
-                raise handle.failure  # ... and what failed it before its row ran (its start)
+                raise handle.failure  # one prompt: what failed it (its start or its row) is raised, as bad input is
             return handle.result  # type: ignore[return-value]
         sched = Scheduler(self, max_batch=batch_size or max(min(n, self.max_rows or n), 1))
         handles = []

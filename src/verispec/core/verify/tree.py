@@ -206,8 +206,7 @@ class PositionWalk:
         self.verifier = rule.tree_verifier()
         self.candidates = [int(x) for x in candidates]
         vocab = p.shape[-1]
-        if any(not 0 <= x < vocab for x in self.candidates):
-            bad = next(x for x in self.candidates if not 0 <= x < vocab)
+        if (bad := next((x for x in self.candidates if not 0 <= x < vocab), None)) is not None:
             raise ValueError(f"candidate token id {bad} is outside the vocabulary [0, {vocab})")
         self.bonus = rule.target(as_float64(p))
         q = as_float64(q) if q is not None else None
