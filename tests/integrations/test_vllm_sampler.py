@@ -48,6 +48,19 @@ def test_ragged_batch_mixed_rules_and_untouched_rows():
         assert all(0 <= t < V for t in toks[:k])
 
 
+def test_a_group_that_fails_leaves_every_row_as_it_was():
+    """Rows are verified group by group (here lossless, then lenience); when a later group fails (its q is not a
+    distribution), no earlier row may keep the plug-in's tokens: the caller then keeps vLLM's own result."""
+    drafts, num = torch.tensor([1, 2, 3, 4]), [2, 2]
+    target, bonus, q = _dists(4, 0), _dists(2, 1), _dists(4, 2)
+    q[2:] = float("nan")  # the lenience row's draft distributions
+    out = torch.full((2, 3), 7, dtype=torch.int32)  # vLLM's own result, here a marker
+    with pytest.raises(ValueError):
+        verify_requests([rules.get("lossless"), rules.get("lenience", l=0.5)], drafts, num, q, target, bonus,
+                        greedy=[False, False], out=out)
+    assert out.tolist() == [[7, 7, 7], [7, 7, 7]]
+
+
 def test_greedy_rows_follow_the_argmax():
     target = torch.nn.functional.one_hot(torch.tensor([1, 5, 3]), V).float()  # argmax 1, 5 | 3
     bonus = torch.nn.functional.one_hot(torch.tensor([8, 9]), V).float()

@@ -55,6 +55,8 @@ def verify_requests(
     ``greedy[i]``: request i runs at temperature 0; its ``target_probs`` / ``bonus_probs`` are then the untempered
     distributions and the rule's deterministic reading applies (accept iff the draft is the argmax of the rule's
     reference distribution). Rows whose rule is None are left as they are in ``out`` (vLLM's own result).
+    All or nothing: where a group of rows fails to verify, ``out`` is left as it was (the caller keeps vLLM's own
+    result for every row, so none holds the plug-in's tokens).
     """
     b = len(num_draft_tokens)
     if len(rules) != b or len(greedy) != b:
@@ -62,8 +64,8 @@ def verify_requests(
     if bonus_probs.shape[0] != b:
         raise ValueError(f"bonus_probs has {bonus_probs.shape[0]} rows for {b} requests")
     width = max(num_draft_tokens, default=0) + 1
-    if out is None:
-        out = torch.full((b, width), PLACEHOLDER, dtype=torch.int32, device=target_probs.device)
+    staged = (torch.full((b, width), PLACEHOLDER, dtype=torch.int32, device=target_probs.device) if out is None
+              else out.clone())  # written back only once every group verified
     starts = [0]
     for n in num_draft_tokens:
         starts.append(starts[-1] + int(n))
@@ -93,7 +95,10 @@ def verify_requests(
             res = verify_greedy_rule(rule, drafts, p, q)  # type: ignore[arg-type]
         else:
             res = verify_block(rule, drafts, q, p, generators.get(rows[0]))  # type: ignore[arg-type]
-        toks = res.tokens.to(out.dtype).to(out.device)
-        out[rows, : gamma + 1] = toks
-        out[rows, gamma + 1 :] = PLACEHOLDER
+        toks = res.tokens.to(staged.dtype).to(staged.device)
+        staged[rows, : gamma + 1] = toks
+        staged[rows, gamma + 1 :] = PLACEHOLDER
+    if out is None:
+        return staged
+    out.copy_(staged)
     return out
