@@ -13,6 +13,7 @@ import contextlib
 import datetime as _dt
 import fcntl
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 __all__ = ["ERRORS", "RESULTS", "SCHEMA", "SHARD_RESULTS", "append_line", "locked", "log_failure", "now",
            "parse_shard", "read_lines", "read_results", "repair_tail", "results_files", "shard_results_name",
-           "write_atomic"]
+           "shards_overlap", "write_atomic"]
 
 RESULTS = "results.jsonl"
 SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
@@ -121,22 +122,57 @@ def append_line(f: Any, rec: dict) -> None:
     os.fsync(f.fileno())
 
 
+def shards_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether shards ``a`` = (I, N) and ``b`` = (J, M) share units: :func:`~verispec.eval.grid.shard_units` gives
+    a unit to shard ``x mod N`` for a running index x, and some x has x = I mod N and x = J mod M exactly when
+    I = J mod gcd(N, M) (so shard I of N is the union of shards I and I + N of 2N, and disjoint from the others)."""
+    return (a[0] - b[0]) % math.gcd(a[1], b[1]) == 0
+
+
 @contextlib.contextmanager
 def locked(run_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[None]:
     """An unsharded run holds ``.lock`` exclusively; shard I of N holds it shared and ``.lock-I-of-N``
-    exclusively, so the shards of one N run side by side but never beside an unsharded run or a twin."""
+    exclusively, and starts only where no running shard shares units with it (:func:`shards_overlap`): the
+    shards of one N run side by side, and so do shards of 2N that split a shard of N no one runs; never an
+    unsharded run beside a shard, a twin, or shards whose units overlap."""
     with contextlib.ExitStack() as stack:
-        locks = [(run_dir / ".lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)]
-        if shard:
-            locks.append((run_dir / f".lock-{shard[0]}-of-{shard[1]}", fcntl.LOCK_EX))
-        for path, mode in locks:
+
+        def take(path: Path, mode: int) -> None:
             f = stack.enter_context(open(path, "a"))
             try:
                 fcntl.flock(f, mode | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise RuntimeError(f"another `bench run` holds {run_dir} (lock file {path})") from None
             stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
+
+        take(run_dir / ".lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)
+        if shard:
+            # shards are admitted one at a time, so two overlapping shards cannot both find the other absent
+            with open(run_dir / ".lock-admit", "a") as admit:
+                fcntl.flock(admit, fcntl.LOCK_EX)
+                try:
+                    for path in run_dir.glob(".lock-*-of-*"):
+                        other = _shard_of_lock(path.name)
+                        if other is None or other == shard or not shards_overlap(shard, other):
+                            continue
+                        with open(path, "a") as f:
+                            try:
+                                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            except BlockingIOError:
+                                raise RuntimeError(
+                                    f"shard {other[0]}/{other[1]} is running in {run_dir} and shares units with "
+                                    f"shard {shard[0]}/{shard[1]} (lock file {path})") from None
+                            fcntl.flock(f, fcntl.LOCK_UN)
+                    take(run_dir / f".lock-{shard[0]}-of-{shard[1]}", fcntl.LOCK_EX)
+                finally:
+                    fcntl.flock(admit, fcntl.LOCK_UN)
         yield
+
+
+def _shard_of_lock(name: str) -> tuple[int, int] | None:
+    """``.lock-I-of-N`` -> (I, N); None for any other name."""
+    i, sep, n = name.removeprefix(".lock-").partition("-of-")
+    return (int(i), int(n)) if sep and i.isdigit() and n.isdigit() and int(n) > 0 else None
 
 
 def write_atomic(path: Path, text: str) -> None:
