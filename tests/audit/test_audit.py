@@ -256,8 +256,11 @@ def test_peaked_raw_reference_logprobs_are_read_as_raw(server):
     (["--reference-dtype", "int8"], "'--reference-dtype'"),  # refused by click itself
     (["--alpha", "2"], "'--alpha'"),
     (["--reference-threads", "0"], "'--reference-threads'"),
-    (["--logit-bias", '{"abc": 1}'], "--logit-bias: keys are token ids"),
-    (["--logit-bias", '{"13": "high"}'], "--logit-bias: values are numbers"),
+    # the request schema's own check, as at every front door
+    (["--logit-bias", '{"abc": 1}'], "--logit-bias: keys must be token ids"),
+    (["--logit-bias", '{"13": "high"}'], "--logit-bias: the bias of token 13 must be a number in [-100, 100]"),
+    (["--logit-bias", '{"13": 500}'], "--logit-bias: the bias of token 13 must be a number in [-100, 100]"),
+    (["--logit-bias", '{"13": 1, "013": 2}'], "--logit-bias: token 13 is given twice"),
 ])
 def test_cli_bad_flag_is_no_verdict(flags, words):
     """A --response-format that is not JSON, one the reference mode cannot restrict (two-sample), or a value click

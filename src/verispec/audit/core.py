@@ -15,7 +15,6 @@ test of homogeneity of the two samples: approximate; the section "two-sample mod
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 import threading
@@ -36,6 +35,7 @@ from verispec.audit.reference import ModelReference, Outcome, UrlReference
 from verispec.audit.report import to_json, write_report
 from verispec.core import rules as _rules
 from verispec.core.sampling import SamplingConfig
+from verispec.options import OPTIONS, OptionError
 
 __all__ = ["AUTO_PROMPTS", "PILOT_N", "AuditReport", "SampledReference", "audit", "audit_two_sample",
            "choose_design", "request_fields"]
@@ -147,20 +147,16 @@ def _settings(prompts: Sequence[str] | None, temperature: float | None, top_k: i
     return fixed, settings, list(prompts) if prompts is not None else list(AUTO_PROMPTS)
 
 
-def _check_inputs(prompts: Sequence[str] | None, logit_bias: dict | None) -> None:
+def _check_inputs(prompts: Sequence[str] | None, logit_bias: dict | None) -> dict[int, float] | None:
     """Refused before any request: an empty prompt list (None, not [], asks for the automatic prompts) and a logit
-    bias that is not token id -> number."""
+    bias the request schema refuses (the check every front door runs). Returns the bias as token id -> number."""
     if prompts is not None and len(prompts) == 0:
         raise AuditInputError("--prompts: no prompt given (an empty file or list); give at least one, or leave "
                               "--prompts out to have them chosen automatically")
-    for key, value in (logit_bias or {}).items():
-        try:
-            int(str(key))
-        except ValueError:
-            raise AuditInputError(f"--logit-bias: keys are token ids (integers), got {key!r}") from None
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise AuditInputError(f"--logit-bias: values are numbers (a bias in logits), got {value!r} for token "
-                                  f"{key!r}")
+    try:
+        return OPTIONS["logit_bias"].check(logit_bias, "--logit-bias", json_body=True)
+    except OptionError as exc:
+        raise AuditInputError(str(exc)) from None
 
 
 def _prepare_out(out_dir: str | None) -> None:
@@ -411,7 +407,7 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
     figure) is written there (the directory is made before any request; a report that cannot be written is no
     verdict)."""
     t_start = time.monotonic()
-    _check_inputs(prompts, logit_bias)
+    logit_bias = _check_inputs(prompts, logit_bias)
     if sum(x is not None for x in (reference_model, reference_url, reference)) != 1:
         raise AuditInputError("give exactly one reference: --reference-model (a GGUF or HF directory of the same "
                               "weights) or --reference-url (an endpoint of the same model without speculation)")
@@ -704,7 +700,7 @@ def audit_two_sample(engine: EngineClient, reference: EngineClient, *, prompts: 
     :func:`verispec.audit.audit`'s. Errors raise :class:`AuditInputError` before any verdict."""
     t_start = time.monotonic() if t_start is None else t_start
     deadline = t_start + time_limit
-    _check_inputs(prompts, logit_bias)
+    logit_bias = _check_inputs(prompts, logit_bias)
     _prepare_out(out_dir)
 
     def fields_for(length_: int, temperature_: float, top_k_: int | None) -> dict[str, Any]:
