@@ -1,9 +1,9 @@
 """The FastAPI application: OpenAI-compatible endpoints over one engine, one worker thread, one Scheduler.
 
 ``create_app(engine, ...)`` returns the app; its lifespan starts and stops the :class:`~.worker.Worker`.
-Endpoints: ``GET /`` (a page for browsers, :mod:`~.page`), ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` (streamed with ``"stream": true`` as server-sent events, else one JSON object),
-``GET /health``, ``GET /metrics``.
+Endpoints: ``GET /`` (a page for browsers, :mod:`~.page`), ``GET /v1/models`` (and ``/v1/models/{id}``),
+``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed with ``"stream": true`` as server-sent events,
+else one JSON object), ``GET /health``, ``GET /metrics``.
 
 Request path: the handler parses and validates the body on the event loop (400 naming the field), takes a
 concurrency slot (429 when ``max_concurrency`` requests are already admitted, running or waiting) and hands a
@@ -55,7 +55,7 @@ __all__ = ["Generation", "ServerState", "create_app"]
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("/", "/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+ENDPOINTS = ("/", "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5
 
 
@@ -201,6 +201,9 @@ class Generation:
             tail = self.text.finish()
             try:
                 logprobs = self._release(final=True)
+                if logprobs is None and self.logprobs is not None and not self.settings.stream \
+                        and handle.result is not None:  # asked for, and nothing to list: empty, not null
+                    logprobs = self.logprobs([])
             finally:
                 self.state.release()
                 self._put("done", handle, tail, logprobs, details)
@@ -364,10 +367,20 @@ def create_app(
     async def metrics() -> Response:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    def card() -> dict[str, Any]:
+        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "verispec"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "verispec"}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        """One model's card (OpenAI's retrieve; a model id may hold slashes)."""
+        if model_id != state.model_name:
+            raise APIError(404, f"model {model_id!r} does not exist; this server serves {state.model_name!r}",
+                           param="model", code="model_not_found")
+        return card()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

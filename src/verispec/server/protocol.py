@@ -22,6 +22,7 @@ draft alike (:mod:`verispec.runtime.grammar`).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ Speculative = create_model("Speculative", __base__=_SpeculativeBase, **_schema_f
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: StrictBool = False
+    include_usage: StrictBool | None = False  # null: false, as OpenAI's schema allows
 
 
 class _ServerFields(BaseModel):
@@ -139,7 +140,7 @@ class _ServerFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: StrictStr | None = None
     n: StrictInt | None = Field(None, ge=1, le=MAX_CHOICES)
-    stream: StrictBool = False
+    stream: StrictBool | None = False  # null: false
     stream_options: StreamOptions | None = None
     verification: Verification | None = None  # type: ignore[valid-type]
     speculative: Speculative | None = None  # type: ignore[valid-type]
@@ -155,7 +156,7 @@ class CompletionRequest(_Common):
     #: alternatives per token (0: the chosen token's logprob only); None: no logprobs
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     #: the prompt first in the text (and, with logprobs, its tokens' logprobs: log-likelihood evaluation)
-    echo: StrictBool = False
+    echo: StrictBool | None = False  # null: false
 
 
 class ChatCompletionRequest(_Common):
@@ -184,15 +185,42 @@ def _param(loc: tuple) -> str:
     return out
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(data: Any) -> tuple | None:
+    """The location of the first string (value or key) holding a lone surrogate, else None. JSON's \\u escapes
+    decode a valid pair to one character, so only unpaired halves are left in the parsed strings."""
+    stack: list[tuple[tuple, Any]] = [((), data)]
+    while stack:
+        loc, x = stack.pop()
+        if isinstance(x, str):
+            if _SURROGATE.search(x):
+                return loc
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                if _SURROGATE.search(k):  # escaped: the location is sent back in the error
+                    return (*loc, k.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace"))
+                stack.append(((*loc, k), v))
+        elif isinstance(x, list):
+            stack.extend(((*loc, i), v) for i, v in enumerate(x))
+    return None
+
+
 def parse_body(raw: bytes, model: type[_Common]) -> _Common:
     """Parse a JSON body into ``model``: 400 naming the problem for malformed JSON, refused, unknown or invalid
     fields."""
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise APIError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise APIError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    if (where := _lone_surrogate(data)) is not None:  # no text: it could not even be written back as UTF-8
+        raise APIError(400, f"{_param(where) or 'the body'}: a lone UTF-16 surrogate escape (\\ud800-\\udfff "
+                       "without its pair) is not text", param=_param(where), code="invalid_value")
     for name in IGNORED:
         if name == "parallel_tool_calls" and model is ChatCompletionRequest:
             continue  # chat reads it: false allows one call
@@ -339,7 +367,8 @@ class Settings:
                 raise APIError(400, "response_format cannot constrain an answer that tool_choice forces to be a "
                                "tool call", param="response_format", code="invalid_value")
         echo = bool(getattr(req, "echo", False))
-        return cls(rule, sampling, values, max_tokens, seed, req.stream, include_usage, echo, req.n or 1, tools)
+        return cls(rule, sampling, values, max_tokens, seed, bool(req.stream), include_usage, echo, req.n or 1,
+                   tools)
 
 
 def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
