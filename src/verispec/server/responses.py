@@ -93,9 +93,11 @@ class LogprobFormatter:
         for t in tokens:
             offsets.append(self.offset)
             self.offset += len(t)
+        # the chosen token is always listed too, so an entry holds up to logprobs + 1 tokens (as OpenAI's does)
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [None if e.logprob is None else {self._decode([t]): lp for t, lp in e.top}
-                                 for e in entries], "text_offset": offsets}
+                "top_logprobs": [None if e.logprob is None else
+                                 {**{self._decode([t]): lp for t, lp in e.top}, text: e.logprob}
+                                 for e, text in zip(entries, tokens, strict=True)], "text_offset": offsets}
 
 
 def detail_entries(details: Sequence[TokenDetail], pieces: Sequence[str], decode: Callable[[Sequence[int]], str]
