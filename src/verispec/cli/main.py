@@ -298,9 +298,9 @@ def rules_cmd(as_json: bool) -> None:
 @click.option("--q-tail", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Share of p's tail profile the draft keeps (0: draft mass only on its candidates).")
 @click.option("--from-log", "from_log", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="Also evaluate Lemma 1 on the real (p, q) pairs of an offline-estimator DistLog (dists.pt) and "
-                   "write figure4_real.csv/.png, pair_stats.csv, ablation.csv/.png next to the simulation "
-                   "(verispec.studies.figure4_real).")
+              help="Instead, evaluate Lemma 1 on the real (p, q) pairs of an offline-estimator DistLog (dists.pt) "
+                   "and write figure4_real.csv/.png (the real rows beside the default simulation's), pair_stats.csv "
+                   "and ablation.csv/.png (verispec.studies.figure4_real).")
 @click.option("--other-log", default=None, type=click.Path(dir_okay=False, exists=True),
               help="With --from-log: a DistLog of the min-p baseline's own outputs (trajectory_effect.csv).")
 @click.option("--run-dir", default=None, type=click.Path(file_okay=False, exists=True),
