@@ -173,6 +173,13 @@ def test_endpoint_down_is_no_verdict(reference):
     with pytest.raises(AuditInputError, match="not answering"):
         verispec.audit(f"http://127.0.0.1:{free_port()}", MODEL, reference=reference, n=100, quiet=True,
                        tie_gap=TIE_GAP, **DESIGN)
+    # a reference model that does not exist is named (it was a bare ValueError)
+    with pytest.raises(AuditInputError, match="--reference-model /nonexistent/model"):
+        ModelReference.load("/nonexistent/model")
+    # found before a reference model is loaded (a minute or more for real weights; this path is never read)
+    with pytest.raises(AuditInputError, match="not answering"):
+        verispec.audit(f"http://127.0.0.1:{free_port()}", MODEL, reference_model="/nonexistent/model", n=100,
+                       quiet=True, **DESIGN)
 
 
 def test_near_tie_at_the_top_k_boundary_is_refused(server, reference):

@@ -455,6 +455,8 @@ def audit(base_url: str | None, model: str, *, llm: Any = None, reference_model:
             logit_bias=logit_bias, n=n, per_request=per_request, concurrency=concurrency, seed=seed, tau=tau,
             out_dir=out_dir, quiet=quiet, t_start=t_start)
 
+    if llm is None and reference is None:  # an endpoint that is down is found before the reference loads (minutes)
+        engine.complete((prompts or AUTO_PROMPTS)[0], max_tokens=1, temperature=0)
     t_ref = time.monotonic()
     if reference is not None:
         ref = reference

@@ -146,6 +146,8 @@ class ModelReference:
                 if key.endswith(".gguf"):
                     raise AuditInputError(f"--reference-model {key}: llama.cpp is not installed ({exc}); give an "
                                           f"HF directory or --reference-url") from None
+            except (ValueError, OSError) as exc:  # no such model or file, or not a GGUF llama.cpp reads
+                raise AuditInputError(f"--reference-model {key}: {exc}") from None
         try:
             model, tok = models.load_model(key, dtype=dtype)
         except (models.ModelError, OSError) as exc:
