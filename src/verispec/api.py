@@ -228,9 +228,13 @@ def _model_key(name: str | os.PathLike[str]) -> tuple[str, str]:
     return "path", os.path.abspath(os.path.expanduser(key))
 
 
-def _check_engine_args(dtype: object, threads: object, draft_p_min: object, max_rows: object) -> None:
+def _check_engine_args(dtype: object, threads: object, draft_p_min: object, max_rows: object,
+                       deterministic: object = False) -> None:
     """ValueError naming the argument for a value :func:`load_engine` cannot honour, before anything loads (the
-    front doors' ranges: ``--dtype``, ``--threads``, ``--draft-p-min``, ``--max-batch``)."""
+    front doors' ranges: ``--dtype``, ``--threads``, ``--draft-p-min``, ``--max-batch``; ``deterministic`` a bool,
+    so that the text "no" from a model-argument string is not read as true)."""
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be true or false, got {deterministic!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
@@ -291,7 +295,7 @@ def load_engine(
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
     if device == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device 'mps' asked for, but torch sees no MPS device")
-    _check_engine_args(dtype, threads, draft_p_min, max_rows)
+    _check_engine_args(dtype, threads, draft_p_min, max_rows, deterministic)
     target_backend, drafter = resolve_backends(target_backend, drafter, device)
     check_pairing(drafter, target_backend)
     if not drafter_spec(drafter).uses_draft_model:

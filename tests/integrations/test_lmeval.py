@@ -102,6 +102,7 @@ def test_a_bad_model_arg_is_named_through_the_console_script(tmp_path):
     ("gamma=0.5", r"gamma must be in \[0, 32\] or .auto., got 0.5"),
     ("rule=lenience,l=7", r"l \(lenience\) must be in"),
     ("pretrained=a,target=b", "target or pretrained"),
+    ("deterministic=no", "deterministic must be true or false, got 'no'"),  # the text "no" was read as true
 ])
 def test_bad_model_args_name_the_key_or_the_rule(model_args, words):
     from lm_eval.api.registry import get_model
@@ -120,6 +121,15 @@ def test_batched_loglikelihoods_equal_one_row_at_a_time():
         # float32 logits, another batch shape: equal to float tolerance
         assert [t.logprob for t in got[1:]] == pytest.approx([t.logprob for t in one[1:]], abs=1e-5)
         assert [t.top[0][0] for t in got[1:]] == [t.top[0][0] for t in one[1:]]
+
+
+def test_rows_are_isolated_unless_asked_otherwise(monkeypatch):
+    """Scores and samples must not depend on --batch_size: the model loads its engine with deterministic=True
+    (rows on backends of their own) unless the model arguments say false."""
+    _, calls = _toy_lm(monkeypatch)
+    assert calls[0][1]["deterministic"] is True
+    _, calls = _toy_lm(monkeypatch, "deterministic=false")
+    assert calls[0][1]["deterministic"] is False
 
 
 def test_none_from_lm_evals_parser_keeps_its_meaning(monkeypatch):
@@ -169,6 +179,19 @@ def test_copies_of_a_sampled_request_get_seeds_of_their_own(monkeypatch):
         want = lm.engine.generate([ids] * 4, rule=lm.rule, batch_size=4, temperature=1.0, max_new_tokens=12,
                                   seed=[(base + i) % 2**63 for i in range(4)])
         assert got == [r.text for r in want]
+
+
+def test_generation_arguments_read_as_lm_evals_hf_model_reads_them(monkeypatch):
+    """An empty stop string stops nothing (it failed the whole call), and the token limit's aliases
+    (``max_new_tokens``, ``max_tokens``, ``max_completion_tokens``) are read in lm-eval's priority after
+    ``max_gen_toks`` (they were ignored: 256 tokens)."""
+    lm, _ = _toy_lm(monkeypatch)
+    ids = lm.tok_encode("hello world")
+    want = {n: lm.engine.generate([ids], rule=lm.rule, temperature=0.0, max_new_tokens=n)[0].text for n in (3, 5)}
+    for kw, n in [({"until": [""], "max_gen_toks": 3}, 3), ({"until": ["", "\u2603"], "max_new_tokens": 3}, 3),
+                  ({"until": [], "max_tokens": 5}, 5), ({"max_completion_tokens": 5}, 5),
+                  ({"max_tokens": 5, "max_new_tokens": 3}, 3), ({"max_gen_toks": 5, "max_new_tokens": 3}, 5)]:
+        assert lm.generate_until([_req("generate_until", "hello world", kw)]) == [want[n]], kw
 
 
 #: the context of the small toy target below, in tokens

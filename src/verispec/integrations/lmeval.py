@@ -5,7 +5,8 @@ model registry loads (``_verispec_hook``); this module is imported only when a r
 
 - ``generate_until``: speculative decoding under the requested rule, batched by the engine (``batch_size`` rows
   at a time). The task's ``gen_kwargs`` win over ``--model_args``, which win over lm-eval's default (greedy, as
-  its HF model): ``do_sample=False`` means temperature 0, ``until`` are stop strings, ``max_gen_toks`` the token
+  its HF model): ``do_sample=False`` means temperature 0, ``until`` are stop strings (an empty one stops nothing),
+  ``max_gen_toks`` (or lm-eval's aliases ``max_new_tokens``, ``max_tokens``, ``max_completion_tokens``) the token
   limit (256 by default). Request i of a call (its position in the list lm-eval passes) samples with seed
   (base + i) mod 2**63, base being its ``seed`` (the task's gen_kwargs, else the model argument), else one number
   drawn per call from torch's global generator, which lm-eval's ``--seed`` seeds: the copies of a sampled request
@@ -21,7 +22,10 @@ model registry loads (``_verispec_hook``); this module is imported only when a r
   :meth:`VerispecLM.get_model_info`, which lm-eval writes into its results' ``config``.
 
 ``--model_args`` keys: the engine's (``target`` or ``pretrained``, ``draft``, ``drafter``, ``dtype``, ``threads``,
-``target_backend``, ``deterministic``, ``draft_p_min``, ``max_rows``), the request schema's sampling options
+``target_backend``, ``deterministic`` (true by default here: every row on model backends of its own, so that scores
+and samples do not depend on ``--batch_size``; false batches rows in one forward, faster for generation, and the
+default llama.cpp target's quantized kernels then move log-likelihoods with the batch shape), ``draft_p_min``,
+``max_rows``), the request schema's sampling options
 (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``eta``, the penalties) and ``rule``, ``gamma``, ``seed``,
 ``verifier``, ``greedy_lossy``, and the rule's own parameters (``l=0.5`` for lenience). Any other key is refused
 with a ValueError naming it. lm-eval's argument parser reads ``none`` as None: ``drafter=none`` and a rule's
@@ -62,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: lm-eval's default generation length (its HF model's ``max_gen_toks``)
 MAX_GEN_TOKS = 256
+#: the generation length's names in a task's gen_kwargs, in lm-eval's order of priority
+_MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 _ENGINE_KEYS = ("target", "draft", "drafter", "dtype", "threads", "target_backend", "deterministic",
                 "draft_p_min", "max_rows")
 #: request-schema options a model argument may set for every generation (the rest are per request or structured)
@@ -101,6 +107,9 @@ class VerispecLM(LM):
             # lm-eval passes its --device default (cuda:0) to every model; its HF model falls back the same way
             log.warning("no CUDA device: verispec runs on the CPU")
             device = "cpu"
+        # scores and samples that do not depend on --batch_size: every row on backends of its own (batched, the
+        # quantized llama.cpp target's log-likelihoods move with the batch shape by tenths of a nat)
+        engine_args.setdefault("deterministic", True)
         target = engine_args.pop("target", DEFAULT_TARGET)
         target_backend, drafter = resolve_backends(engine_args.pop("target_backend", AUTO),
                                                    engine_args.pop("drafter", AUTO), device)
@@ -199,8 +208,11 @@ class VerispecLM(LM):
         """One request's options: the task's gen_kwargs over the model arguments over greedy decoding."""
         kw = dict(gen_kwargs)
         until = kw.pop("until", None)
-        stop = [until] if isinstance(until, str) else list(until or [])
-        max_gen = int(kw.pop("max_gen_toks", MAX_GEN_TOKS))
+        # an empty stop string stops nothing (lm-eval's HF model skips it; the request schema refuses it)
+        stop = [s for s in ([until] if isinstance(until, str) else list(until or [])) if s != ""]
+        # the token limit and its aliases, first given by lm-eval's priority (its normalize_gen_kwargs')
+        limits = [kw.pop(k, None) for k in _MAX_TOKEN_KEYS]
+        max_gen = int(next((v for v in limits if v is not None), MAX_GEN_TOKS))
         do_sample = kw.pop("do_sample", None)
         sampling = {k: v for k, v in self.request.items() if k in _SAMPLING_KEYS}
         sampling.setdefault("temperature", 0.0)
