@@ -115,6 +115,14 @@ def test_log_contents_topk_and_roundtrip(pair, tmp_path):
     assert back.top_k == 4 and back.keys() == {"a"} and torch.equal(back.trajectories[0].p, s.p)
     # logging again skips known keys
     assert len(log_distributions(target, draft, [("a", prompt, cont)], CFG, top_k=4, log=back).trajectories) == 1
+    # saved through a temporary file (no leftovers); a damaged or empty log is an error naming the file, not a
+    # traceback from torch (or click's bare "Aborted!" for an empty file's EOFError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.pt"]
+    for cut in (path.stat().st_size // 2, 0):
+        bad = tmp_path / f"cut{cut}.pt"
+        bad.write_bytes(path.read_bytes()[:cut])
+        with pytest.raises(ValueError, match=f"{bad.name} is not a readable distribution log"):
+            DistLog.load(bad)
 
 
 def test_backend_draft_logs_what_the_model_logs(pair):

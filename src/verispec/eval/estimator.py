@@ -52,6 +52,8 @@ the z-score tests the estimator against measured acceptance with no approximatio
 from __future__ import annotations
 
 import math
+import os
+import pickle
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,13 +114,22 @@ class DistLog:
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: str | Path) -> None:
+        """Written to a temporary file and renamed over ``path``: a kill mid-save leaves the last whole log."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         torch.save({"top_k": self.top_k, "vocab_size": self.vocab_size, "sampling": self.sampling,
-                    "trajectories": [t.__dict__ for t in self.trajectories]}, path)
+                    "trajectories": [t.__dict__ for t in self.trajectories]}, tmp)
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | Path) -> DistLog:
-        d = torch.load(path, weights_only=False)
-        return cls([Trajectory(**t) for t in d["trajectories"]], d["top_k"], d["vocab_size"], d["sampling"])
+        """A saved log; ValueError naming the file where it is not one (damaged, cut short, or another file)."""
+        try:
+            d = torch.load(path, weights_only=False)
+            return cls([Trajectory(**t) for t in d["trajectories"]], d["top_k"], d["vocab_size"], d["sampling"])
+        except (RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError) as exc:
+            raise ValueError(f"{path} is not a readable distribution log ({type(exc).__name__}: {str(exc)[:120]}): "
+                             "delete it, and the estimator logs its trajectories again") from None
 
     def keys(self) -> set[str]:
         return {t.key for t in self.trajectories}
