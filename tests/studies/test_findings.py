@@ -159,3 +159,13 @@ def test_the_committed_findings_are_what_the_command_generates():
     o = _by(objs, run="be_claims", a="typical(epsilon=0.15)", metric="BE")
     table, _ = compare_runs(RESULTS / "be_claims", None, [("typical(epsilon=0.15)", "eta-sampling(epsilon=0.15)")])
     assert o["ci"] == pytest.approx([table["a_d_be_lo"][0], table["a_d_be_hi"][0]], abs=1e-6)
+
+
+def test_a_directory_without_the_runs_is_refused(tmp_path):
+    """A wrong directory gave 141 comparisons "not testable here" and exit 0 (and `--check`: up to date)."""
+    with pytest.raises(ValueError, match="no run of the findings under"):
+        compute(tmp_path)
+    for extra in ([], ["--check"]):
+        res = CliRunner().invoke(main, ["bench", "findings", str(tmp_path), *extra])
+        assert res.exit_code == 1 and "no run of the findings under" in res.output, res.output
+    assert list(tmp_path.iterdir()) == []

@@ -49,6 +49,7 @@ import pandas as pd
 
 from verispec.eval.report import load_frame, md_table, select_problems
 from verispec.eval.stats import BOOT_SEED, N_BOOT, cluster_weights, percentile_interval
+from verispec.eval.store import results_files
 from verispec.studies.budget import frontier_resamples, matched_difference
 from verispec.studies.verdict import (
     EFFECT,
@@ -410,6 +411,11 @@ def compute(results_dir: str | Path, spec: Iterable[Comparison] = SPEC, n_boot: 
             seed: int = BOOT_SEED) -> list[dict]:
     """One findings.json object per comparison of ``spec`` (fields :data:`FIELDS`), from the runs under
     ``results_dir``."""
+    spec = list(spec)
+    runs = sorted({r for c in spec for r in (c.run, c.run_b) if r is not None})
+    if not any(results_files(Path(results_dir) / r) for r in runs):  # a wrong directory: no comparison is testable
+        raise ValueError(f"no run of the findings under {results_dir} (it should hold run directories such as "
+                         f"{', '.join(runs[:3])}, each with its results)")
     frames = _Frames(Path(results_dir), n_boot, seed)
     cache: dict = {}
     staged = []
