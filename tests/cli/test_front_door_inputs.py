@@ -62,10 +62,19 @@ def test_the_cli_refuses_a_logit_bias_token_given_twice(toy_load, items):
 
 
 def test_no_draft_passes_no_tree_options(toy_load):
-    res = CliRunner().invoke(main, ["generate", "hi", "--drafter", "tree", "--no-draft", "--max-new-tokens", "2",
-                                    "--target-backend", "hf"])
+    res = CliRunner().invoke(main, ["generate", "hi", "--no-draft", "--max-new-tokens", "2", "--target-backend", "hf"])
     assert res.exit_code == 0, res.output
     assert toy_load["args"][2] == "none" and toy_load["tree"] is None  # else load_engine refuses tree options
+
+
+@pytest.mark.parametrize(("extra", "flag"), [(["--drafter", "tree"], "--drafter"), (["--draft", "d"], "--draft")])
+def test_no_draft_refuses_a_drafter_or_draft_it_would_ignore(toy_load, extra, flag):
+    """--no-draft beside --drafter or --draft contradicts it: refused by name before anything loads (it ran the
+    target alone, and --drafter tree even moved the target to transformers)."""
+    res = CliRunner().invoke(main, ["generate", "hi", "--no-draft", *extra, "--max-new-tokens", "2"])
+    _no_traceback(res)
+    assert res.exit_code == 1 and f"--no-draft runs the target alone: drop {flag}" in res.output
+    assert toy_load == {}
 
 
 @pytest.mark.parametrize("gamma", [MAX_GAMMA + 1, 100_000])
@@ -210,3 +219,15 @@ def test_an_empty_stop_string_is_refused_at_every_front_door():
     with pytest.raises(ValueError, match="stop must be non-empty strings"):
         toy_engine("model").generate([1, 2, 3], max_new_tokens=4, stop=["x", ""])
     assert options.check("stop", "x") == ["x"]
+
+
+@pytest.mark.parametrize("command", ["grid", "run"])
+@pytest.mark.parametrize("tasks", [",", ""])
+def test_an_empty_task_list_is_refused(tmp_path, command, tasks):
+    """`--tasks ,` (or empty) named no task and ran every task of the config."""
+    root = Path(__file__).resolve().parents[2]
+    args = ["bench", command, str(root / "configs" / "toy.toml"), "--tasks", tasks]
+    res = CliRunner().invoke(main, args + (["--out", str(tmp_path / "run")] if command == "run" else []))
+    _no_traceback(res)
+    assert res.exit_code == 2 and "--tasks must list at least one name" in res.output, res.output
+    assert not (tmp_path / "run").exists()

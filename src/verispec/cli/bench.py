@@ -33,10 +33,15 @@ def _fail(message: object) -> click.ClickException:
     return click.ClickException(" ".join(str(message).split()))
 
 
-def _csv(text: str | None) -> list[str] | None:
-    if not text:
+def _csv(text: str | None, flag: str | None = None) -> list[str] | None:
+    """Comma-separated names; None when the flag is not given. Given, it must name one at least (an empty
+    ``--tasks ,`` ran every task)."""
+    if text is None:
         return None
-    return [s.strip() for s in text.split(",") if s.strip()]
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items and flag is not None:
+        raise click.BadParameter(f"{flag} must list at least one name, got {text!r}")
+    return items
 
 
 def _seeds(text: str | None) -> list[int] | None:
@@ -81,7 +86,7 @@ def grid_cmd(config: str, limit: int | None, tasks_text: str | None, seeds_text:
     from verispec.eval.run import load_problems
 
     try:
-        cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
+        cfg = load_config(config).restricted(limit=limit, tasks=_csv(tasks_text, "--tasks"), seeds=_seeds(seeds_text),
                                              methods=methods)
         problems = load_problems(cfg)
         units = expand(cfg, {k: [p.id for p in v] for k, v in problems.items()})
@@ -162,11 +167,11 @@ def run_cmd(config: str, out_dir: str, limit: int | None, tasks_text: str | None
             from verispec.eval.ray_runner import RayOptions, parse_ray_address, run_sweep_ray
 
             opts = RayOptions(address=parse_ray_address(ray_address), **ray_opts)
-            s = run_sweep_ray(config, out_dir, options=opts, limit=limit, tasks=_csv(tasks_text),
+            s = run_sweep_ray(config, out_dir, options=opts, limit=limit, tasks=_csv(tasks_text, "--tasks"),
                               seeds=_seeds(seeds_text), progress=not no_progress, max_units=max_units, log=say,
                               methods=methods)
         else:
-            s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text), seeds=_seeds(seeds_text),
+            s = run_sweep(config, out_dir, limit=limit, tasks=_csv(tasks_text, "--tasks"), seeds=_seeds(seeds_text),
                           progress=not no_progress, max_units=max_units, log=say, shard=shard,
                           batch_size=batch_size or DEFAULT_BATCH_SIZE, methods=methods, engine_factory=factory)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:

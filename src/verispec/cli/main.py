@@ -424,10 +424,12 @@ def generate(prompt: str, target: str | None, draft: str | None, params: tuple[s
         chat = bool(values.get("chat", False))
         values.setdefault("max_new_tokens", CHAT_MAX_NEW_TOKENS if chat else OPTIONS["max_new_tokens"].default)
         max_new_tokens = int(values["max_new_tokens"])  # type: ignore[call-overload]
-        target_backend, drafter = resolve_backends(target_backend, drafter, device)
+        if no_draft and (drafter != AUTO or draft is not None):
+            raise ValueError(f"--no-draft runs the target alone: drop {'--drafter' if drafter != AUTO else '--draft'}")
+        # the target's backend resolved as for no drafter; and no tree options are read
+        target_backend, drafter = resolve_backends(target_backend, "none" if no_draft else drafter, device)
         rule = rules.get(values.pop("rule", OPTIONS["rule"].default), **rules.parse_params(params))  # type: ignore[arg-type]
         cfg = SamplingConfig.of({o.name: values.pop(o.name) for o in schema_group("sampling") if o.name in values})
-        drafter = "none" if no_draft else drafter  # before the tree options: --no-draft drafts no tree
         tree = ({"depth": tree_depth, "top_k": tree_top_k, "budget": tree_budget}
                 if DRAFTERS[drafter].proposes_trees else None)
         uses_draft = DRAFTERS[drafter].uses_draft_model
