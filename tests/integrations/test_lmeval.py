@@ -123,13 +123,14 @@ def test_batched_loglikelihoods_equal_one_row_at_a_time():
         assert [t.top[0][0] for t in got[1:]] == [t.top[0][0] for t in one[1:]]
 
 
-def test_rows_are_isolated_unless_asked_otherwise(monkeypatch):
-    """Scores and samples must not depend on --batch_size: the model loads its engine with deterministic=True
-    (rows on backends of their own) unless the model arguments say false."""
-    _, calls = _toy_lm(monkeypatch)
-    assert calls[0][1]["deterministic"] is True
-    _, calls = _toy_lm(monkeypatch, "deterministic=false")
-    assert calls[0][1]["deterministic"] is False
+def test_rows_on_llamacpp_are_isolated_unless_asked_otherwise(monkeypatch):
+    """On the llama.cpp target, scores and samples must not depend on --batch_size: the model loads its engine
+    with deterministic=True (rows on backends of their own) unless the model arguments say false; a transformers
+    target batches its rows unless they say true."""
+    for args, want in [("target_backend=llamacpp", True), ("target_backend=llamacpp,deterministic=false", False),
+                       ("target_backend=hf", False), ("target_backend=hf,deterministic=true", True)]:
+        _, calls = _toy_lm(monkeypatch, args)
+        assert calls[0][1]["deterministic"] is want, args
 
 
 def test_none_from_lm_evals_parser_keeps_its_meaning(monkeypatch):

@@ -22,9 +22,9 @@ model registry loads (``_verispec_hook``); this module is imported only when a r
   :meth:`VerispecLM.get_model_info`, which lm-eval writes into its results' ``config``.
 
 ``--model_args`` keys: the engine's (``target`` or ``pretrained``, ``draft``, ``drafter``, ``dtype``, ``threads``,
-``target_backend``, ``deterministic`` (true by default here: every row on model backends of its own, so that scores
-and samples do not depend on ``--batch_size``; false batches rows in one forward, faster for generation, and the
-default llama.cpp target's quantized kernels then move log-likelihoods with the batch shape), ``draft_p_min``,
+``target_backend``, ``deterministic`` (true by default on the llama.cpp target: every row on model backends of its
+own, so that scores and samples do not depend on ``--batch_size``; false batches rows in one forward, faster for
+generation, and llama.cpp's quantized kernels then move log-likelihoods with the batch shape), ``draft_p_min``,
 ``max_rows``), the request schema's sampling options
 (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``eta``, the penalties) and ``rule``, ``gamma``, ``seed``,
 ``verifier``, ``greedy_lossy``, and the rule's own parameters (``l=0.5`` for lenience). Any other key is refused
@@ -107,12 +107,13 @@ class VerispecLM(LM):
             # lm-eval passes its --device default (cuda:0) to every model; its HF model falls back the same way
             log.warning("no CUDA device: verispec runs on the CPU")
             device = "cpu"
-        # scores and samples that do not depend on --batch_size: every row on backends of its own (batched, the
-        # quantized llama.cpp target's log-likelihoods move with the batch shape by tenths of a nat)
-        engine_args.setdefault("deterministic", True)
         target = engine_args.pop("target", DEFAULT_TARGET)
         target_backend, drafter = resolve_backends(engine_args.pop("target_backend", AUTO),
                                                    engine_args.pop("drafter", AUTO), device)
+        # on llama.cpp, scores and samples that do not depend on --batch_size: every row on backends of its own
+        # (batched, its quantized kernels move log-likelihoods with the batch shape by tenths of a nat; a float
+        # transformers target moves them by float noise, and batching is what a GPU is for)
+        engine_args.setdefault("deterministic", target_backend == "llamacpp")
         draft = engine_args.pop("draft", DEFAULT_DRAFT)
         self.engine = load_engine(target, draft if drafter_spec(drafter).uses_draft_model else None, drafter,
                                   engine_args.pop("dtype", DEFAULT_DTYPE), device=device,
