@@ -472,3 +472,29 @@ def test_shards_overlap_exactly_when_their_units_do(tmp_path):
             assert store.shards_overlap(a, b) >= bool(ka & kb), (a, b)
             if a[1] % b[1] == 0 or b[1] % a[1] == 0:
                 assert store.shards_overlap(a, b) == bool(ka & kb), (a, b)
+
+
+def test_a_run_directory_holds_one_engines_results(tmp_path):
+    """Units done by verispec's own engine are not another engine's (`--engine vllm`, whose lines carry
+    "engine"): a run that would mix them is refused by name, and the directory's own engine resumes it."""
+    cfg_path = _write_toy(tmp_path / "toy.toml", seeds=(0,), limit=1)
+    run_dir = tmp_path / "run"
+    assert run_sweep(cfg_path, run_dir, progress=False, max_units=2).completed == 2
+
+    class OtherEngine:  # the toy engine under another engine's name (the toy engine itself is cached: not set)
+        engine_name = "vllm"
+
+        def __init__(self, engine):
+            self.engine = engine
+
+        def __getattr__(self, name):
+            return getattr(self.engine, name)
+
+    def other_engine(cfg):
+        return OtherEngine(runner.toy_engine(cfg))
+
+    with pytest.raises(ValueError, match="holds results of the local engine; this run's engine is vllm"):
+        run_sweep(cfg_path, run_dir, progress=False, engine_factory=other_engine)
+    assert len(read_results(run_dir)) == 2
+    rest = run_sweep(cfg_path, run_dir, progress=False)
+    assert rest.completed == rest.total - 2 and rest.failed == 0

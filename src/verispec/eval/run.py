@@ -279,6 +279,18 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
                          "use another --out directory")
 
 
+def _check_engine(run_dir: Path, engine: Any) -> None:
+    """A run directory holds one engine's results (``engine`` of each line; none: verispec's own): a unit done by
+    another engine is not this one's, so a run that would mix them is refused (the engine is closed first)."""
+    name = getattr(engine, "engine_name", None) or "local"
+    others = sorted({r.get("engine") or "local" for r in read_results(run_dir)} - {name})
+    if others:
+        if callable(getattr(engine, "close", None)):
+            engine.close()
+        raise ValueError(f"{run_dir} holds results of the {', '.join(others)} engine; this run's engine is "
+                         f"{name} (--engine): use another --out directory")
+
+
 @dataclass
 class RunPlan:
     """What one invocation of a sweep runs, as :func:`open_run` found it while holding the run's lock."""
@@ -382,7 +394,9 @@ def run_sweep(
         if not todo:
             summary.seconds = time.perf_counter() - start
             return summary
-        execute = UnitExecutor(cfg, (engine_factory or default_engine_factory)(cfg), plan.problems)
+        engine = (engine_factory or default_engine_factory)(cfg)
+        _check_engine(run_dir, engine)
+        execute = UnitExecutor(cfg, engine, plan.problems)
         bar = _progress(len(todo), progress)
         stats = {"passed": 0, "be": 0.0}
 
