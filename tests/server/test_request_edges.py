@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from test_server import MODEL, client, post  # noqa: E402  (the server tests' helpers)
+from test_server import MODEL, client, metric, metrics, post  # noqa: E402  (the server tests' helpers)
 
 from verispec.server import Limits, create_app  # noqa: E402
 from verispec.server.background import BackgroundServer  # noqa: E402
@@ -38,6 +38,10 @@ def test_a_model_is_retrieved_by_id(server):
     with pytest.raises(openai.NotFoundError) as err:
         client(server).models.retrieve("gpt-4")
     assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+    # counted under the route, whatever the id
+    counts = metrics(server)
+    for status in ("200", "404"):
+        assert metric(counts, "verispec_requests_total", endpoint="/v1/models/{model}", status=status) == 1
 
 
 @pytest.mark.parametrize("raw", [

@@ -230,6 +230,8 @@ class _CountRequests:
             await self.app(scope, receive, send_status)
         finally:
             path = scope.get("path", "")
+            if path.startswith("/v1/models/"):  # one model's card: counted under the route, not per model id
+                path = "/v1/models/{model}"
             self.metrics.requests.labels(path if path in ENDPOINTS else "other", str(status[0])).inc()
 
 
