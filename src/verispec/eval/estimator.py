@@ -52,7 +52,6 @@ the z-score tests the estimator against measured acceptance with no approximatio
 from __future__ import annotations
 
 import math
-import os
 import pickle
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +68,7 @@ from verispec.defaults import drafter_spec
 from verispec.eval.grid import SweepConfig, expand
 from verispec.eval.metrics import record_emitted_accepted
 from verispec.eval.run import default_engine_factory, encode_problem, load_problems
-from verispec.eval.store import read_results
+from verispec.eval.store import read_results, replacing
 from verispec.eval.tasks import get_task
 
 __all__ = [
@@ -115,11 +114,9 @@ class DistLog:
 
     def save(self, path: str | Path) -> None:
         """Written to a temporary file and renamed over ``path``: a kill mid-save leaves the last whole log."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save({"top_k": self.top_k, "vocab_size": self.vocab_size, "sampling": self.sampling,
-                    "trajectories": [t.__dict__ for t in self.trajectories]}, tmp)
-        os.replace(tmp, path)
+        with replacing(Path(path)) as tmp:
+            torch.save({"top_k": self.top_k, "vocab_size": self.vocab_size, "sampling": self.sampling,
+                        "trajectories": [t.__dict__ for t in self.trajectories]}, tmp)
 
     @classmethod
     def load(cls, path: str | Path) -> DistLog:

@@ -279,11 +279,12 @@ def _check_settings(run_dir: Path, cfg: SweepConfig) -> None:
                          "use another --out directory")
 
 
-def _check_engine(run_dir: Path, engine: Any) -> None:
-    """A run directory holds one engine's results (``engine`` of each line; none: verispec's own): a unit done by
-    another engine is not this one's, so a run that would mix them is refused (the engine is closed first)."""
+def _check_engine(run_dir: Path, engines: set[str], engine: Any) -> None:
+    """A run directory holds one engine's results (``engines``: the ``engine`` of its lines; none: verispec's
+    own): a unit done by another engine is not this one's, so a run that would mix them is refused (the engine is
+    closed first)."""
     name = getattr(engine, "engine_name", None) or "local"
-    others = sorted({r.get("engine") or "local" for r in read_results(run_dir)} - {name})
+    others = sorted(engines - {name})
     if others:
         if callable(getattr(engine, "close", None)):
             engine.close()
@@ -300,6 +301,7 @@ class RunPlan:
     todo: list[WorkUnit]  # units not done by any earlier run, in grid order (shard and max_units applied)
     results_path: Path  # the one file this invocation appends to
     summary: RunSummary
+    engines: set[str]  # the engines whose results the directory holds ("local": verispec's own)
 
 
 @contextlib.contextmanager
@@ -349,14 +351,16 @@ def open_run(
         summary.repaired_bytes = repair_tail(results_path)
         if summary.repaired_bytes:
             say(f"cut a partial last line ({summary.repaired_bytes} bytes) off {results_path}")
-        done = {r["key"] for r in read_results(run_dir)}
+        stored = read_results(run_dir)
+        done = {r["key"] for r in stored}
+        engines = {r.get("engine") or "local" for r in stored}
         todo = [u for u in units if u.key not in done]
         summary.skipped = len(units) - len(todo)
         if max_units is not None:
             todo = todo[:max_units]
         where = "in the grid" if shard is None else f"in shard {shard[0]}/{shard[1]}"
         say(f"{len(units)} units {where}, {summary.skipped} already done, {len(todo)} to run")
-        yield RunPlan(cfg, problems, todo, results_path, summary)
+        yield RunPlan(cfg, problems, todo, results_path, summary, engines)
 
 
 def run_sweep(
@@ -395,7 +399,7 @@ def run_sweep(
             summary.seconds = time.perf_counter() - start
             return summary
         engine = (engine_factory or default_engine_factory)(cfg)
-        _check_engine(run_dir, engine)
+        _check_engine(run_dir, plan.engines, engine)
         execute = UnitExecutor(cfg, engine, plan.problems)
         bar = _progress(len(todo), progress)
         stats = {"passed": 0, "be": 0.0}

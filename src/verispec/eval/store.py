@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ERRORS", "RESULTS", "SCHEMA", "SHARD_RESULTS", "append_line", "locked", "log_failure", "now",
-           "parse_shard", "read_lines", "read_results", "repair_tail", "results_files", "shard_results_name",
-           "shards_overlap", "write_atomic"]
+           "parse_shard", "read_lines", "read_results", "repair_tail", "replacing", "results_files",
+           "shard_results_name", "shards_overlap", "write_atomic"]
 
 RESULTS = "results.jsonl"
 SHARD_RESULTS = "results-{i}-of-{n}.jsonl"
@@ -175,11 +175,19 @@ def _shard_of_lock(name: str) -> tuple[int, int] | None:
     return (int(i), int(n)) if sep and i.isdigit() and n.isdigit() and int(n) > 0 else None
 
 
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write, renamed over ``path`` when the block ends without an error: a
+    reader (or a kill mid-write) sees the old file or the new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    yield tmp
+    os.replace(tmp, path)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so that shards starting together never leave a torn file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        tmp.write_text(text)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
